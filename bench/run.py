@@ -1,0 +1,155 @@
+"""`make bench`: the SPEC §9 figures, each beside its target (and its baseline, measured in the same run)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from ias.skills import load_registry  # noqa: E402
+
+RESULTS: list[tuple[str, bool]] = []
+
+
+def report(line: str, ok: bool) -> None:
+    RESULTS.append((line, ok))
+    print(f"{'PASS' if ok else 'MISS'}  {line}", flush=True)
+
+
+def bench_registry() -> None:
+    """1,000 skills: parse + schema check."""
+    template = (REPO / "resources/skills/get_current_datetime/SKILL.md").read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(1000):
+            d = Path(tmp) / f"skill_{i:04d}"
+            d.mkdir()
+            (d / "SKILL.md").write_text(template, encoding="utf-8")
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            reg = load_registry(None, Path(tmp))
+            times.append(time.perf_counter() - start)
+        assert len(reg) == 1000, reg.problems[:3]
+    best = min(times) * 1000
+    report(f"registry: 1,000 skills load in {best:.0f} ms (median {statistics.median(times) * 1000:.0f} ms; "
+           f"target <= 200 ms)", best <= 200)
+
+
+def bench_validator() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import schema_bench
+    figures = schema_bench.main()
+    ratio = figures.get("ratio")
+    if ratio is None:
+        report("validator: jsonschema not installed here; ratio not measured (bench only)", True)
+    else:
+        report(f"validator: {ratio:.1f}x jsonschema's throughput (target >= 10x)", ratio >= 10)
+
+
+def bench_cold_start() -> None:
+    """`python ias.py skills`, wall time, best and median of 7."""
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, str(REPO / "ias.py"), "skills"], check=True, capture_output=True, cwd=REPO)
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(7):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    bare = (time.perf_counter() - start) / 7 * 1000
+    median = statistics.median(times) * 1000
+    report(f"skills cold start: {median:.0f} ms median, {min(times) * 1000:.0f} ms best "
+           f"(bare interpreter {bare:.0f} ms; target <= 300 ms)", median <= 300)
+
+
+async def bench_gate() -> None:
+    """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
+    from tests.support import FakeOwner, drop_schema, fresh_schema_dsn
+    from ias.approval import Approvals
+    from ias.gate import Gate
+    from ias.runner import Runner
+    from ias.store import Store
+
+    dsn, schema_name = await asyncio.to_thread(fresh_schema_dsn)
+    store = await Store.open(dsn)
+    tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
+    try:
+        registry = load_registry(None, REPO / "tests" / "fixtures" / "gate")
+        runner = Runner(repo_root=REPO, run_dir=tmp / "runs", environ={"PATH": os.environ.get("PATH", "")})
+        approvals = Approvals(store, os.urandom(32), 60)
+        gate = Gate(registry, runner, store, approvals)
+        script = registry.get("echo_low").execute
+        rounds = 60
+
+        async def bare() -> None:
+            proc = await asyncio.create_subprocess_exec(
+                "bash", "-c", script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=registry.get("echo_low").directory, env={"PATH": os.environ.get("PATH", ""), "IAS_PARAM_TEXT": "hi"},
+                start_new_session=True)
+            await proc.communicate(b'{"text": "hi"}')
+
+        async def through_gate() -> None:
+            result = await gate.call("bench", "echo_low", {"text": "hi"})
+            assert result == {"success": True, "output": "hi"}, result
+
+        for fn in (bare, through_gate):        # warm-up
+            for _ in range(5):
+                await fn()
+        bare_t, gate_t = [], []
+        for _ in range(rounds):              # interleaved so both see the same machine load
+            for fn, sink in ((bare, bare_t), (through_gate, gate_t)):
+                start = time.perf_counter()
+                await fn()
+                sink.append(time.perf_counter() - start)
+        b, g = statistics.median(bare_t) * 1000, statistics.median(gate_t) * 1000
+        limit = 1.5 * b + 5
+        report(f"runner overhead: gate call {g:.1f} ms vs bare bash -c {b:.1f} ms = {g / b:.2f}x "
+               f"(target <= 1.5x + 5 ms = {limit:.1f} ms)", g <= limit)
+
+        started: list[float] = []
+        original = runner.run
+
+        async def timed_run(skill, params, **kw):
+            result = await original(skill, params, **kw)
+            started.append(result.started_at)
+            return result
+        runner.run = timed_run
+        latencies = []
+        for i in range(15):
+            owner = FakeOwner()
+            task = asyncio.create_task(gate.call("bench", "mark_high", {"marker": str(tmp / "m")}, owner.notify))
+            code = await owner.code()
+            received = time.monotonic()
+            await approvals.redeem("bench", code)
+            await task
+            latencies.append(started[-1] - received)
+        lat = statistics.median(latencies) * 1000
+        report(f"approval latency: reply received -> skill started {lat:.1f} ms median, "
+               f"{max(latencies) * 1000:.1f} ms max (target <= 50 ms)", lat <= 50)
+    finally:
+        await store.close()
+        await asyncio.to_thread(drop_schema, schema_name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    print(f"iAs bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    bench_registry()
+    bench_validator()
+    bench_cold_start()
+    asyncio.run(bench_gate())
+    missed = [line for line, ok in RESULTS if not ok]
+    print(f"\n{len(RESULTS) - len(missed)} of {len(RESULTS)} figures within target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

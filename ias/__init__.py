@@ -1,0 +1,1 @@
+"""iAs: a self-hosted personal assistant daemon (WeChat + LLM + skills)."""

@@ -1,0 +1,1 @@
+"""Channels: where the owner's messages come from and replies go to."""

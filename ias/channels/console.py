@@ -1,0 +1,59 @@
+"""The console channel: the terminal is the owner's chat (development, `ias run`, `--once`).
+
+stdin is read by a daemon thread, because asyncio's pipe reader would switch the terminal to
+non-blocking mode, which stdout shares; the thread hands each line to the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from typing import TextIO
+
+from .base import Channel, Deliver, Inbound
+
+
+class ConsoleChannel(Channel):
+    """One user (the owner) typing lines on stdin and reading replies on stdout."""
+
+    name = "console"
+
+    def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None,
+                 prompt: bool = False):
+        self.user_id = user_id
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stdout
+        self.prompt = prompt
+        self.closed = asyncio.Event()        # set when stdin reaches EOF
+        self._thread: threading.Thread | None = None
+
+    def interactive(self) -> bool:
+        """True when a person can answer: stdin is a terminal."""
+        try:
+            return self.stdin.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    async def start(self, deliver: Deliver) -> None:
+        loop = asyncio.get_running_loop()
+
+        def pump() -> None:
+            for line in self.stdin:
+                text = line.rstrip("\r\n")
+                if text.strip():
+                    asyncio.run_coroutine_threadsafe(deliver(Inbound(self.name, self.user_id, text)), loop)
+            loop.call_soon_threadsafe(self.closed.set)
+
+        self._thread = threading.Thread(target=pump, name="console-stdin", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self.closed.set()
+
+    async def send(self, user_id: str, text: str) -> bool:
+        try:
+            self.stdout.write(text.rstrip("\n") + "\n")
+            self.stdout.flush()
+        except (OSError, ValueError):
+            return False
+        return True

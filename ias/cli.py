@@ -1,0 +1,157 @@
+"""Command line: `python ias.py [--config PATH] [COMMAND …]`; `main(argv) -> exit code`.
+
+Commands that need no LLM never import `openai` (cold start matters for scripted use), so
+the heavier modules are imported inside the command functions.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from . import config as config_module
+from .errors import IasError
+
+log = logging.getLogger("ias")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ias", description="iAs: a self-hosted personal assistant daemon")
+    parser.add_argument("--config", metavar="PATH", help="ias.toml to read (default $IAS_CONFIG, else ./ias.toml)")
+    parser.add_argument("--once", metavar="TEXT", help="one conversation turn for the owner; reply on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command")
+
+    skills = sub.add_parser("skills", help="list skills; `skills check`, `skills show NAME`")
+    skills.add_argument("action", nargs="?", choices=["check", "show"], help="check: lint every SKILL.md; show: one skill")
+    skills.add_argument("name", nargs="?", help="skill name for `show`")
+    skills.add_argument("--json", action="store_true", help="machine-readable output")
+
+    run = sub.add_parser("run", help="call one skill through the gate; prints the LLM-visible result")
+    run.add_argument("name")
+    run.add_argument("params", nargs="?", default="{}", help="parameters as a JSON object")
+
+    approvals = sub.add_parser("approvals", help="pending approvals (never codes)")
+    approvals.add_argument("--all", action="store_true", help="recent approvals in every state")
+
+    audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
+    audit.add_argument("--limit", type=int, default=20)
+    audit.add_argument("--verify", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        config = config_module.load(args.config)
+        if args.command == "skills":
+            return cmd_skills(config, args)
+        if args.command == "run":
+            return asyncio.run(cmd_run(config, args.name, args.params))
+        if args.command == "approvals":
+            return asyncio.run(cmd_approvals(config, args.all))
+        if args.command == "audit":
+            return asyncio.run(cmd_audit(config, args.limit, args.verify))
+        print("the daemon arrives with the agent issue; use `ias skills` or `ias run`", file=sys.stderr)
+        return 2
+    except IasError as exc:
+        print(f"ias: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_skills(config, args) -> int:
+    from .skills import registry
+    reg = registry(config)
+    if args.action == "check":
+        for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings)):
+            print(line)
+        if not reg.problems:
+            print(f"{len(reg)} skills OK", file=sys.stderr)
+        return 1 if reg.problems else 0
+    if args.action == "show":
+        skill = reg.get(args.name or "")
+        if skill is None:
+            print(f"ias: no skill named {args.name!r}", file=sys.stderr)
+            return 1
+        spec = {"name": skill.name, "title": skill.title, "description": skill.description,
+                "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
+                "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
+                "parameters": skill.parameters, "execute": skill.execute}
+        print(json.dumps(spec, ensure_ascii=False, indent=2))
+        return 0
+    rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
+             "overrides": s.overrides, "description": s.description} for s in reg]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False, indent=2))
+    else:
+        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES")
+        for r in rows:
+            print(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  {'yes' if r['overrides'] else ''}")
+    for line in reg.problems:
+        print(f"not loaded: {line}", file=sys.stderr)
+    return 0
+
+
+async def cmd_run(config, name: str, params_text: str) -> int:
+    from .app import core, open_store, owner
+    from .channels.console import ConsoleChannel
+    try:
+        params = json.loads(params_text)
+    except json.JSONDecodeError as exc:
+        print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
+        return 2
+    async with open_store(config) as store:
+        c = core(config, store)
+        user = owner(config)
+        console = ConsoleChannel(user, stdout=sys.stderr)
+        notify = None
+        skill = c.registry.get(name)
+        if skill is not None and skill.high:
+            if console.interactive():
+                async def deliver(message) -> None:
+                    reply = await c.approvals.redeem(message.user_id, message.text)
+                    if reply:
+                        await console.send(user, reply)
+                await console.start(deliver)
+
+                async def notify(text: str) -> bool:
+                    return await console.send(user, text)
+            else:
+                print("ias: 无法请求确认：标准输入不是终端，且未登录微信；高风险调用按未确认处理", file=sys.stderr)
+        result = await c.gate.call(user, name, params, notify)
+        print(json.dumps(result, ensure_ascii=False))
+        return 0 if result.get("success") else 1
+
+
+async def cmd_approvals(config, include_closed: bool) -> int:
+    from .app import open_store
+    async with open_store(config) as store:
+        rows = await store.approvals(include_closed)
+    if not rows:
+        print("no pending approvals" if not include_closed else "no approvals")
+    for row in rows:
+        print(f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.status:<8}  {row.user_id}  {row.skill_name}  "
+              f"attempts_left={row.attempts_left}  id={row.id}")
+    return 0
+
+
+async def cmd_audit(config, limit: int, verify: bool) -> int:
+    from .app import open_store
+    from .audit import format_row, verify as verify_chain
+    async with open_store(config) as store:
+        if verify:
+            problems = await verify_chain(store)
+            for line in problems:
+                print(line)
+            print("audit log: chain broken" if problems else "audit log: chain intact",
+                  file=sys.stderr if problems else sys.stdout)
+            return 1 if problems else 0
+        for row in await store.audit_rows(limit):
+            print(format_row(row))
+    return 0

@@ -1,0 +1,107 @@
+"""Configuration: optional ias.toml, overridden by the environment; secrets from the environment only."""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from .errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# ias.toml top-level key -> (environment variable, type)
+_SETTINGS = {
+    "database_url": ("IAS_DATABASE_URL", str),
+    "data_dir": ("IAS_DATA_DIR", str),
+    "secret_key_file": ("IAS_SECRET_KEY_FILE", str),
+    "openai_base_url": ("OPENAI_BASE_URL", str),
+    "model": ("IAS_MODEL", str),
+    "owner": ("IAS_OWNER", str),
+    "approval_timeout": ("IAS_APPROVAL_TIMEOUT", float),
+    "wechat_base_url": ("IAS_WECHAT_BASE_URL", str),
+    "wechat_owner": ("IAS_WECHAT_OWNER", str),
+    "skills_dir": ("IAS_SKILLS_DIR", str),
+}
+# Never read from ias.toml: a config file is too easily committed or shared.
+_SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN"}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything configurable, resolved once at start."""
+    database_url: str | None = None
+    data_dir: Path = Path("var")
+    secret_key_file: Path | None = None
+    openai_api_key: str | None = None
+    openai_base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    owner: str | None = None
+    approval_timeout: float = 300.0
+    wechat_base_url: str = "https://ilinkai.weixin.qq.com"
+    wechat_token: str | None = None
+    wechat_owner: str | None = None
+    skills_dir: Path = REPO_ROOT / "skills"
+    system_skills_dir: Path = REPO_ROOT / "resources" / "skills"
+    allow_risk_downgrade: frozenset[str] = frozenset()
+    repo_root: Path = REPO_ROOT
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def key_file(self) -> Path:
+        return self.secret_key_file or self.data_dir / "secret.key"
+
+
+def _convert(name: str, value, kind):
+    if kind is float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        if not 1 <= number <= 86400:
+            raise ConfigError(f"{name} must be between 1 and 86400 seconds, got {value!r}")
+        return number
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{name} must be a non-empty string")
+    return value.strip()
+
+
+def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ias.toml (path, else $IAS_CONFIG, else ./ias.toml if present) and apply the environment."""
+    env = dict(os.environ if environ is None else environ)
+    explicit = path or env.get("IAS_CONFIG")
+    file = Path(explicit) if explicit else Path("ias.toml")
+    data: dict = {}
+    if explicit or file.exists():
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+
+    values: dict = {}
+    skills_table = data.pop("skills", {})
+    for key, value in data.items():
+        if key in _SECRETS:
+            raise ConfigError(f"{file}: '{key}' is a secret; set {_SECRETS[key]} in the environment instead")
+        if key not in _SETTINGS:
+            raise ConfigError(f"{file}: unknown setting '{key}'")
+        values[key] = _convert(f"{file}: {key}", value, _SETTINGS[key][1])
+    if not isinstance(skills_table, dict) or set(skills_table) - {"allow_risk_downgrade"}:
+        raise ConfigError(f"{file}: [skills] accepts only allow_risk_downgrade = [\"name\", …]")
+    downgrade = skills_table.get("allow_risk_downgrade", [])
+    if not isinstance(downgrade, list) or not all(isinstance(n, str) for n in downgrade):
+        raise ConfigError(f"{file}: [skills] allow_risk_downgrade must be a list of skill names")
+
+    for key, (var, kind) in _SETTINGS.items():
+        if env.get(var, "").strip():
+            values[key] = _convert(var, env[var], kind)
+    for key, var in _SECRETS.items():
+        if env.get(var, "").strip():
+            values[key] = env[var].strip()
+    for key in ("data_dir", "secret_key_file", "skills_dir"):
+        if key in values:
+            values[key] = Path(values[key]).expanduser()
+    return Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)

@@ -1,0 +1,481 @@
+"""Run a skill's bash script in its own process group and turn what it did into a result.
+
+This is the only module that spawns skill processes. A run is `bash -c <Execute>`
+spawned with an argument list (never a shell string built from parameters), in the
+skill's directory, in a new session, with the parameters as JSON on stdin and in
+`IAS_PARAMS` / `IAS_PARAM_<KEY>`: parameters only ever reach the script as data.
+
+Handled, and why:
+- The environment is built from an empty dict: the default would hand every skill
+  the daemon's secrets (OPENAI_API_KEY, the database URL) and NOTIFY_SOCKET. A
+  skill gets PATH, LANG, TZ, a private HOME, the IAS_* variables and only the
+  names it lists in `## Env`; a listed name cannot replace one of those.
+- Timeout and shutdown signal the whole process group (`os.killpg`): SIGTERM,
+  `kill_grace` seconds, SIGKILL. `proc.kill()` would reach bash only and leave its
+  children alive holding the pipes, so the output would never end.
+- When bash exits, the pipes are drained for at most DRAIN_TIMEOUT and whatever it
+  left running in its group is then terminated the same way: a run never outlives
+  its call, and its HOME (a fresh 0700 directory) is removed afterwards. A group
+  whose members are all zombies (a container whose init never reaps) counts as gone.
+- stdout is kept up to OUTPUT_HELD_MAX bytes; past that the group is killed and the
+  rest discarded, so a flood cannot grow the daemon. stderr keeps its tail only.
+- stdin is written without blocking while output is read; a script that exits
+  without reading it is fine.
+- Environment limits: Linux caps one environment string at 128 KiB and cannot carry
+  NUL, so an IAS_PARAMS or IAS_PARAM_* value that contains NUL, is not valid UTF-8
+  (a lone surrogate) or is longer than ENV_VALUE_MAX bytes is left out; so is one
+  that would take the parameter variables past ENV_TOTAL_MAX bytes, and two keys
+  that map to the same name both are. The script always gets every parameter on
+  stdin.
+
+Not handled:
+- A process that leaves the group (`setsid`, a daemon that double-forks) escapes
+  killpg; containing it needs a cgroup (the service manager's job). The drain is
+  bounded, so the run still returns; the escapee is left running.
+- No sandbox: a script runs with the daemon's user and sees its files. What may
+  run at all is decided by the approval gate, not here.
+
+`loop.subprocess_exec` with an own protocol is used rather than
+`asyncio.create_subprocess_exec`: on Python 3.11.7+ `Process.wait()` waits for the
+pipes to close as well, so an escapee holding stdout would block it forever, and
+`Process` has no public way to close the pipes. The exec is the same.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .limits import (
+    DRAIN_TIMEOUT,
+    ENV_TOTAL_MAX,
+    ENV_VALUE_MAX,
+    ERROR_TAIL,
+    KILL_GRACE,
+    KILL_POLL,
+    OUTPUT_HELD_MAX,
+    STDERR_HELD_MAX,
+    STDOUT_TO_LLM,
+)
+from .skills import Skill
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_NOT_ENV_NAME = re.compile(r"[^A-Z0-9_]")
+_FIXED_NAMES = frozenset(
+    {"PATH", "LANG", "TZ", "HOME", "IAS_SKILL", "IAS_SKILL_DIR", "IAS_PARAMS", "IAS_PYTHON", "IAS_HOME"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What one run did: exit status, held output and why it ended."""
+    skill: str
+    exit_code: int | None        # negative = killed by that signal
+    stdout: str                  # held stdout, at most OUTPUT_HELD_MAX bytes before decoding
+    stderr: str                  # the tail of stderr
+    timed_out: bool
+    overflowed: bool             # stdout passed OUTPUT_HELD_MAX and the group was killed
+    timeout: float               # the timeout that applied
+    duration: float              # seconds from spawn to the end of the run
+    output_size: int             # stdout bytes seen, held or not
+    started_at: float            # time.monotonic() right after the spawn
+
+    @property
+    def truncated(self) -> bool:
+        """More stdout was produced than the model may see."""
+        return self.output_size > STDOUT_TO_LLM
+
+    def to_llm(self) -> dict:
+        """The result the model sees, as described in SPEC.md section 5."""
+        if self.timed_out:
+            return {"success": False, "error": f"技能执行超时（{_seconds(self.timeout)}s）：{self.skill}"}
+        if self.overflowed:
+            return {"success": False, "error": f"技能输出超过上限（{_size(OUTPUT_HELD_MAX)}），已终止：{self.skill}",
+                    "truncated": True}
+        if self.exit_code != 0:
+            error = _tail(self.stderr) or _tail(self.stdout) or f"技能执行失败（退出码 {self.exit_code}）：{self.skill}"
+            return {"success": False, "error": error, "exit_code": self.exit_code}
+        if not self.truncated:
+            try:
+                parsed = json.loads(self.stdout)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict) and "success" in parsed:
+                return parsed
+        output, cut = _cut_utf8(self.stdout, STDOUT_TO_LLM)
+        result = {"success": True, "output": output}
+        if cut or self.truncated:
+            result["truncated"] = True
+        return result
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """Bookkeeping for one run, shared with kill_all()."""
+    stop: asyncio.Event = field(default_factory=asyncio.Event)   # overflow or shutdown: end the run now
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _Output(asyncio.SubprocessProtocol):
+    """Collects a run's output as it arrives and signals its exit and the end of its output."""
+
+    def __init__(self, stop: asyncio.Event):
+        self.stdout = bytearray()
+        self.stdout_size = 0
+        self.stderr = bytearray()
+        self.overflowed = False
+        self.exited = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._stop = stop
+        self._open = {1, 2}
+        self._transport: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 2:
+            self.stderr += data
+            if len(self.stderr) > STDERR_HELD_MAX:
+                del self.stderr[:-STDERR_HELD_MAX]
+            return
+        self.stdout_size += len(data)
+        room = OUTPUT_HELD_MAX - len(self.stdout)
+        if room > 0:
+            self.stdout += data[:room]
+        if self.stdout_size > OUTPUT_HELD_MAX and not self.overflowed:
+            self.overflowed = True
+            if not self.exited.is_set():
+                # The writer blocks on the full pipe until the group is killed; after bash has
+                # exited nobody would resume, so a leftover's flood is read and dropped instead.
+                self._transport.get_pipe_transport(1).pause_reading()
+            self._stop.set()
+
+    def discard_rest(self) -> None:
+        """After an overflow kill: read the pipe to its end without holding anything."""
+        pipe = self._transport.get_pipe_transport(1)
+        if pipe is not None and not pipe.is_closing():
+            pipe.resume_reading()
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open.discard(fd)
+        if not self._open:
+            self.closed.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+
+class Runner:
+    """Spawns skills and keeps track of the ones running, so shutdown can end them."""
+
+    def __init__(self, *, repo_root: Path, run_dir: Path, environ: Mapping[str, str] | None = None,
+                 python: str = sys.executable, kill_grace: float = KILL_GRACE):
+        self._repo_root = os.path.abspath(repo_root)
+        self._run_dir = Path(run_dir)
+        self._environ = os.environ if environ is None else environ
+        self._python = python
+        self._kill_grace = kill_grace
+        self._runs: set[_Run] = set()
+
+    @property
+    def running(self) -> int:
+        """Number of skills running now."""
+        return len(self._runs)
+
+    async def run(self, skill: Skill, params: dict, *, timeout: float | None = None) -> RunResult:
+        """Run `skill` with `params` (defaults already applied) and wait for it to end."""
+        limit = float(skill.timeout if timeout is None else timeout)
+        entry = _Run()
+        self._runs.add(entry)
+        try:
+            return await self._run(skill, params, limit, entry)
+        finally:
+            self._runs.discard(entry)
+            entry.done.set()
+
+    async def kill_all(self) -> None:
+        """Daemon shutdown: terminate every running group concurrently and wait for their runs to return."""
+        runs = list(self._runs)
+        for entry in runs:
+            entry.stop.set()
+        await asyncio.gather(*(entry.done.wait() for entry in runs))
+
+    async def _run(self, skill: Skill, params: dict, limit: float, entry: _Run) -> RunResult:
+        text = _params_json(params)
+        directory = os.path.abspath(skill.directory)
+        output = _Output(entry.stop)
+        home = None
+        try:
+            try:
+                self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                home = tempfile.mkdtemp(prefix="run-", dir=self._run_dir)
+                env = self._environment(skill, params, text, directory, home)
+                transport, _ = await asyncio.get_running_loop().subprocess_exec(
+                    lambda: output, "bash", "-c", skill.execute,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    cwd=directory, env=env, start_new_session=True)
+            except (OSError, ValueError) as exc:
+                log.warning("skill %s: spawn failed: %s", skill.name, exc)
+                return RunResult(skill=skill.name, exit_code=127, stdout="", stderr=f"spawn failed: {_reason(exc)}",
+                                 timed_out=False, overflowed=False, timeout=limit, duration=0.0, output_size=0,
+                                 started_at=time.monotonic())
+            started = time.monotonic()
+            stdin = transport.get_pipe_transport(0)
+            stdin.write(text.encode("utf-8"))
+            stdin.close()   # once flushed; EPIPE from a script that never reads stdin is ignored
+            try:
+                timed_out = await self._supervise(skill.name, transport.get_pid(), output, started + limit, entry)
+                duration = time.monotonic() - started
+            finally:
+                transport.close()
+        finally:
+            if home is not None:
+                await _remove_tree(home)
+        result = RunResult(
+            skill=skill.name, exit_code=transport.get_returncode(),
+            stdout=output.stdout.decode("utf-8", "replace"),
+            stderr=_lstrip_partial(output.stderr).decode("utf-8", "replace"),
+            timed_out=timed_out, overflowed=output.overflowed, timeout=limit,
+            duration=duration, output_size=output.stdout_size, started_at=started)
+        log.info("skill %s ended: exit %s in %.3fs, %d bytes out%s%s", skill.name, result.exit_code,
+                 result.duration, result.output_size, ", timed out" if timed_out else "",
+                 ", overflowed" if output.overflowed else "")
+        return result
+
+    async def _supervise(self, name: str, pgid: int, output: _Output, deadline: float, entry: _Run) -> bool:
+        """Wait for the run to end, ending its group when it must; whether it timed out."""
+        log.info("skill %s started (pid %d)", name, pgid)   # a session leader: its pid is the group id
+        try:
+            exited = asyncio.ensure_future(output.exited.wait())
+            stopped = asyncio.ensure_future(entry.stop.wait())
+            try:
+                await asyncio.wait((exited, stopped), timeout=max(0.0, deadline - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                exited.cancel()
+                stopped.cancel()
+            timed_out = False
+            if not output.exited.is_set():
+                timed_out = not entry.stop.is_set()
+                why = "timed out" if timed_out else "output overflow" if output.overflowed else "shutdown"
+                log.warning("skill %s: %s; terminating group %d", name, why, pgid)
+                await self._terminate(pgid)
+                await output.exited.wait()   # reaped
+            if output.overflowed:
+                output.discard_rest()
+            await _wait_for(output.closed, DRAIN_TIMEOUT)
+            if _group_alive(pgid):
+                log.warning("skill %s: terminating what it left running in group %d", name, pgid)
+                await self._terminate(pgid)
+                await _wait_for(output.closed, DRAIN_TIMEOUT)
+            if not output.closed.is_set():
+                log.warning("skill %s: output still open after the drain; a process left its group", name)
+            return timed_out
+        except BaseException:   # cancelled: no time left for a grace period
+            _signal_group(pgid, signal.SIGKILL)
+            raise
+
+    async def _terminate(self, pgid: int) -> None:
+        """SIGTERM the group, give it kill_grace seconds, then SIGKILL whatever is left."""
+        if not _signal_group(pgid, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + self._kill_grace
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(KILL_POLL, left))
+            if not _group_alive(pgid):
+                return
+        _signal_group(pgid, signal.SIGKILL)
+
+    def _environment(self, skill: Skill, params: dict, text: str, directory: str, home: str) -> dict[str, str]:
+        """The child's whole environment, built from nothing."""
+        env = {}
+        for name in skill.env:
+            value = self._environ.get(name)
+            if value is not None and name not in _FIXED_NAMES and not name.startswith("IAS_PARAM_"):
+                env[name] = value
+        env.update(
+            PATH=self._environ.get("PATH") or DEFAULT_PATH,
+            LANG="C.UTF-8",
+            TZ="Asia/Shanghai",
+            HOME=home,
+            IAS_SKILL=skill.name,
+            IAS_SKILL_DIR=directory,
+            IAS_PYTHON=self._python,
+            IAS_HOME=self._repo_root,
+        )
+        env.update(_param_environment(params, text))
+        return env
+
+
+def _params_json(params: dict) -> str:
+    """The stdin/IAS_PARAMS text; escaped to ASCII only when a lone surrogate makes it unencodable."""
+    text = json.dumps(params, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(params)
+    return text
+
+
+def _param_environment(params: dict, text: str) -> dict[str, str]:
+    """IAS_PARAMS and IAS_PARAM_<KEY>, leaving out values the environment cannot carry."""
+    env = {}
+    budget = ENV_TOTAL_MAX
+    size = _env_size(text)
+    if size <= budget:
+        env["IAS_PARAMS"] = text
+        budget -= size
+    names = Counter(_param_name(key) for key in params)
+    for key, value in params.items():
+        name = _param_name(key)
+        if names[name] > 1:
+            continue
+        value = _param_text(value)
+        size = _env_size(value)
+        if size <= budget:
+            env[name] = value
+            budget -= size
+    return env
+
+
+def _param_name(key: str) -> str:
+    return "IAS_PARAM_" + _NOT_ENV_NAME.sub("_", str(key).upper())
+
+
+def _param_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value)   # true/false, null, numbers
+
+
+def _env_size(value: str) -> int:
+    """Bytes `value` takes in the environment; past ENV_VALUE_MAX when it cannot go there at all."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return ENV_TOTAL_MAX + 1
+    return size if "\0" not in value and size <= ENV_VALUE_MAX else ENV_TOTAL_MAX + 1
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the group; False when none of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("cannot signal process group %d", pgid)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies that init never reaps (a container
+    without an init) do not count."""
+    if not _signal_group(pgid, 0):
+        return False
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+async def _wait_for(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for `event` at most `timeout` seconds; whether it was set."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def _remove_tree(path: str) -> None:
+    """Remove a run's HOME; a thread only when the script left something in it."""
+    try:
+        os.rmdir(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    await asyncio.to_thread(shutil.rmtree, path, onerror=_force_remove)
+    if os.path.lexists(path):
+        log.warning("could not remove run directory %s", path)
+
+
+def _force_remove(func, path: str, _exc_info) -> None:
+    """rmtree error hook: scripts leave read-only directories behind (Go's module cache does)."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if func in (os.rmdir, os.unlink):
+            func(path)
+        else:
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, onerror=_force_remove)
+    except OSError:
+        pass
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc)
+
+
+def _seconds(value: float) -> str:
+    """30.0 -> '30', 2.5 -> '2.5'."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _size(n: int) -> str:
+    """1048576 -> '1 MiB'."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _tail(text: str) -> str:
+    return text.strip()[-ERROR_TAIL:].strip()
+
+
+def _cut_utf8(text: str, limit: int) -> tuple[str, bool]:
+    """At most `limit` UTF-8 bytes of `text`, cut on a character boundary; and whether it was cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
+
+
+def _lstrip_partial(tail: bytes) -> bytes:
+    """Drop the continuation bytes of a character cut off at the start of a kept tail."""
+    i = 0
+    while i < min(3, len(tail)) and 0x80 <= tail[i] <= 0xBF:
+        i += 1
+    return bytes(tail[i:])

@@ -1,0 +1,870 @@
+"""A JSON Schema subset validator for skill parameters (2020-12 semantics, stdlib only).
+
+Supported keywords: type, properties, required, additionalProperties, enum, const,
+default, description, title, examples, minimum, maximum, exclusiveMinimum,
+exclusiveMaximum, multipleOf, minLength, maxLength, pattern, format, items,
+minItems, maxItems, uniqueItems, anyOf, oneOf, allOf, not; boolean schemas too.
+
+Deliberately NOT handled (check() reports each as an unsupported keyword): $ref, $defs,
+$id, $schema, $anchor, $dynamicRef, $comment, patternProperties, propertyNames,
+minProperties, maxProperties, dependentRequired, dependentSchemas, if/then/else,
+unevaluatedProperties, unevaluatedItems, prefixItems, contains, minContains,
+maxContains, content*, deprecated, readOnly, writeOnly. Tuple-form `items` (a list)
+is rejected too. Formats other than date, time, date-time, email, ipv4 and uri are
+accepted unchecked. `pattern` is a Python regular expression applied with re.search.
+
+Semantics worth knowing: booleans are not numbers; 1.0 is an integer; enum, const and
+uniqueItems use JSON equality (1 == 1.0, True != 1); when a value has the wrong
+`type`, the other keywords of that schema are not reported for it; anyOf/oneOf failures
+give one summarizing error (or the errors of the only alternative whose type fits).
+
+Compilation and caching: compile(schema) checks the schema and turns it into nested
+closures once; hold the returned Validator for repeated use. validate() keeps a
+bounded cache (cleared when full) keyed by id(schema); each entry holds a reference to
+the schema, so its id cannot be reused while cached, plus a deep copy, and is used only
+while the schema still compares equal to that copy, so in-place edits are picked up.
+Python's == treats 1, 1.0 and True alike, so an edit that only swaps such values goes
+unnoticed: compile() again after that kind of change.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from fractions import Fraction
+from typing import Any, Callable
+
+__all__ = ["SchemaError", "Validator", "apply_defaults", "check", "compile", "validate"]
+
+TYPE_NAMES = ("string", "integer", "number", "boolean", "object", "array", "null")
+CACHE_MAX = 1024
+
+_KIND = {str: "string", int: "integer", float: "number", bool: "boolean",
+         type(None): "null", dict: "object", list: "array"}
+_MISSING = object()
+
+# A node checks one value: node(value, path, errors) appends "path: message" strings.
+Node = Callable[[Any, str, list], None]
+
+
+class SchemaError(ValueError):
+    """The schema itself is invalid; `problems` holds `path: message` lines."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("invalid schema: " + "; ".join(problems))
+        self.problems = problems
+
+
+class Validator:
+    """A compiled schema: calling it with an instance returns the list of errors."""
+    __slots__ = ("schema", "_node")
+
+    def __init__(self, schema: Any):
+        problems = check(schema)
+        if problems:
+            raise SchemaError(problems)
+        self.schema = schema
+        self._node = _compile(schema)[0]
+
+    def __call__(self, instance: Any) -> list[str]:
+        errors: list[str] = []
+        self._node(instance, "$", errors)
+        return errors
+
+    def is_valid(self, instance: Any) -> bool:
+        """Return True when the instance has no errors."""
+        errors: list[str] = []
+        self._node(instance, "$", errors)
+        return not errors
+
+
+def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public name
+    """Check the schema and return a reusable Validator; raise SchemaError if it is invalid."""
+    return Validator(schema)
+
+
+_cache: dict[int, tuple[Any, Any, Validator]] = {}
+
+
+def validate(instance: Any, schema: Any) -> list[str]:
+    """Return the instance's errors as `path: message` strings; empty means valid."""
+    entry = _cache.get(id(schema))
+    if entry is not None and entry[1] == schema:
+        return entry[2](instance)
+    validator = Validator(schema)
+    if len(_cache) >= CACHE_MAX:
+        _cache.clear()
+    _cache[id(schema)] = (schema, copy.deepcopy(schema), validator)
+    return validator(instance)
+
+
+def apply_defaults(instance: Any, schema: Any) -> Any:
+    """Return a deep copy of instance with absent object properties filled from their defaults."""
+    if isinstance(instance, dict):
+        if not isinstance(schema, dict):
+            return copy.deepcopy(instance)
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            props = {}
+        extra = schema.get("additionalProperties")
+        out = {k: apply_defaults(v, props.get(k, extra)) for k, v in instance.items()}
+        for name, sub in props.items():
+            if name not in out and isinstance(sub, dict) and "default" in sub:
+                # Defaults are filled in turn, so a default object gains its own nested defaults.
+                out[name] = apply_defaults(sub["default"], sub)
+        return out
+    if isinstance(instance, list):
+        items = schema.get("items") if isinstance(schema, dict) else None
+        return [apply_defaults(v, items) for v in instance]
+    return copy.deepcopy(instance)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+
+
+def _kind(x: Any) -> str:
+    """Return the JSON type name of a value (integral floats count as "number")."""
+    k = _KIND.get(type(x))
+    if k is not None:
+        return k
+    for cls, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                      (dict, "object"), (list, "array")):
+        if isinstance(x, cls):
+            return name
+    return type(x).__name__
+
+
+def _is_number(x: Any) -> bool:
+    """Return True for int and float values that are not booleans."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _js(value: Any) -> str:
+    """Render a value as compact-ish JSON for a message."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _q(name: Any) -> str:
+    """Quote a name for a message."""
+    return f"'{name}'" if isinstance(name, str) else _js(name)
+
+
+def _seg(name: Any) -> str:
+    """Return the path segment for an object member."""
+    if isinstance(name, str) and name.isidentifier():
+        return "." + name
+    return "[" + _js(name if isinstance(name, str) else str(name)) + "]"
+
+
+def _canon(v: Any) -> Any:
+    """Return a hashable key such that JSON-equal values get equal keys."""
+    t = type(v)
+    if t is str or t is int or t is float or v is None:
+        return v
+    if t is bool:
+        return ("b", v)
+    if t is list:
+        return ("a", tuple(map(_canon, v)))
+    if t is dict:
+        return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
+    if isinstance(v, bool):
+        return ("b", bool(v))
+    if isinstance(v, (str, int, float)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return ("a", tuple(map(_canon, v)))
+    if isinstance(v, dict):
+        return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
+    return ("?", id(v))
+
+
+def _plural(n: int, word: str) -> str:
+    """Return '1 item' / '2 items'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# ---------------------------------------------------------------------------------------
+# Formats
+
+# Field ranges are in the expressions; only day-of-month and leap seconds need code.
+_DATE = r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_TIME = (r"([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9]|60)(?:\.[0-9]+)?"
+         r"(?:[Zz]|([+-])([01][0-9]|2[0-3]):([0-5][0-9]))")
+_DATE_RE = re.compile(_DATE)
+_TIME_RE = re.compile(_TIME)
+_DATE_TIME_RE = re.compile(_DATE + "[Tt]" + _TIME)
+_EMAIL_RE = re.compile(r"[^@\s]+@[^@\s.]+(?:\.[^@\s.]+)+")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
+_IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+_URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S*")
+
+
+def _day_ok(s: str) -> bool:
+    """Given a string starting YYYY-MM-DD that matched _DATE, is that day in its month?"""
+    day = s[8:10]
+    if day <= "28":
+        return True
+    month = s[5:7]
+    if month == "02":
+        y = int(s[:4])
+        return day == "29" and y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    return day != "31" or month in ("01", "03", "05", "07", "08", "10", "12")
+
+
+def _second_ok(hour: str, minute: str, second: str, sign: str | None,
+               off_h: str | None, off_m: str | None) -> bool:
+    """Allow second 60 only when the time is 23:59 in UTC (a leap second)."""
+    if second != "60":
+        return True
+    offset = (int(off_h) * 60 + int(off_m)) * (-1 if sign == "-" else 1) if sign else 0
+    return (int(hour) * 60 + int(minute) - offset) % 1440 == 23 * 60 + 59
+
+
+# The expressions fix the field widths, so fields can be sliced at known positions.
+def _is_date(s: str) -> bool:
+    """RFC 3339 full-date on a real calendar day."""
+    return _DATE_RE.fullmatch(s) is not None and _day_ok(s)
+
+
+def _is_time(s: str) -> bool:
+    """RFC 3339 full-time: HH:MM:SS[.frac] plus a required Z or ±HH:MM offset."""
+    m = _TIME_RE.fullmatch(s)
+    return m is not None and (s[6:8] != "60" or _second_ok(*m.groups()))
+
+
+def _is_date_time(s: str) -> bool:
+    """RFC 3339 date-time with a T or t separator."""
+    m = _DATE_TIME_RE.fullmatch(s)
+    return (m is not None and _day_ok(s)
+            and (s[17:19] != "60" or _second_ok(*m.groups()[3:])))
+
+
+# A test returns something truthy for a valid string.
+_FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "date": (_is_date, "date (YYYY-MM-DD)"),
+    "time": (_is_time, "time (HH:MM:SS with a Z or ±HH:MM offset)"),
+    "date-time": (_is_date_time, "date-time (YYYY-MM-DDTHH:MM:SS with a Z or ±HH:MM offset)"),
+    "email": (_EMAIL_RE.fullmatch, "email address"),
+    "ipv4": (_IPV4_RE.fullmatch, "IPv4 address"),
+    "uri": (_URI_RE.fullmatch, "URI (with a scheme such as https:)"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Compilation: each schema becomes one closure ("node") plus its type constraint. The
+# keywords of one JSON type are checked inline in a single closure, because Python's call
+# overhead, not the checks themselves, dominates validation time.
+
+class _Meta:
+    """A compiled schema: its node, the JSON types it accepts (None = any) and, when the
+    node checks nothing but the type, the Python types that pass without calling it."""
+    __slots__ = ("node", "kinds", "int_floats", "leaf")
+
+    def __init__(self, node: Node, kinds: frozenset | None, int_floats: bool,
+                 leaf: frozenset | None = None):
+        self.node, self.kinds, self.int_floats, self.leaf = node, kinds, int_floats, leaf
+
+    def type_fits(self, x: Any) -> bool:
+        """Return True when x passes this schema's `type` keyword."""
+        if self.kinds is None:
+            return True
+        k = _kind(x)
+        return k in self.kinds or (self.int_floats and k == "number" and x.is_integer())
+
+
+def _accept(x: Any, path: str, errors: list) -> None:
+    """The `true` schema."""
+
+
+def _reject(x: Any, path: str, errors: list) -> None:
+    """The `false` schema."""
+    errors.append(f"{path}: not allowed")
+
+
+_TRUE = _Meta(_accept, None, False)
+_FALSE = _Meta(_reject, frozenset(), False)
+_ANNOTATIONS = frozenset({"default", "description", "title", "examples"})
+# Keywords are grouped by the family of types they apply to; integers are numbers.
+_FAMILY = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+           "null": "null", "object": "object", "array": "array"}
+_TYPE_FAMILY = {str: "string", int: "number", float: "number", bool: "boolean",
+                type(None): "null", dict: "object", list: "array"}
+_PY_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+             "null": (type(None),), "object": (dict,), "array": (list,)}
+_FAMILY_KEYWORDS = {
+    "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                         "multipleOf"}),
+    "object": frozenset({"properties", "required", "additionalProperties"}),
+    "array": frozenset({"items", "minItems", "maxItems", "uniqueItems"}),
+}
+
+
+def _family(x: Any) -> str | None:
+    """Return the keyword family of a value, or None for non-JSON values."""
+    return _TYPE_FAMILY.get(type(x)) or _FAMILY.get(_kind(x))
+
+
+def _compile(schema: Any) -> tuple[Node, _Meta]:
+    """Compile a schema that check() accepted; return (node, meta)."""
+    meta = _compile_meta(schema)
+    return meta.node, meta
+
+
+def _compile_meta(schema: Any) -> _Meta:
+    """Compile a schema that check() accepted into a _Meta."""
+    if schema is True or (isinstance(schema, dict) and not (schema.keys() - _ANNOTATIONS)):
+        return _TRUE
+    if schema is False:
+        return _FALSE
+    families: set[str] = set()
+    if "type" in schema:
+        names = [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
+        families = {_FAMILY[n] for n in names}
+    # A string or number node checks enum and const itself, saving a call per value.
+    inline_values = len(families) == 1 and not families.isdisjoint(("string", "number"))
+    generic: list[Node] = []
+    if "enum" in schema and not inline_values:
+        generic.append(_mk_enum(schema["enum"]))
+    if "const" in schema and not inline_values:
+        generic.append(_mk_const(schema["const"]))
+    for sub in schema.get("allOf", ()):
+        sub_meta = _compile_meta(sub)
+        if sub_meta is not _TRUE:
+            generic.append(sub_meta.node)
+    if "anyOf" in schema:
+        generic.append(_mk_any_of([_compile_meta(s) for s in schema["anyOf"]]))
+    if "oneOf" in schema:
+        generic.append(_mk_one_of([_compile_meta(s) for s in schema["oneOf"]]))
+    if "not" in schema:
+        generic.append(_mk_not(_compile_meta(schema["not"]).node))
+    tail = tuple(generic)
+    keys = schema.keys()
+    if "type" not in schema:
+        return _Meta(_mk_untyped(_parts(schema), tail), None, False)
+
+    int_floats = "integer" in names and "number" not in names
+    kinds = frozenset(names) | ({"integer"} if "number" in names else frozenset())
+    expected = " or ".join(names)
+    fast = frozenset(t for k in kinds for t in _PY_TYPES[k])
+
+    def type_ok(x, path, errors):
+        """Slow path for subclasses and integral floats: report and return False on a mismatch."""
+        k = _kind(x)
+        if k in kinds or (int_floats and k == "number" and x.is_integer()):
+            return True
+        errors.append(f"{path}: expected {expected}, got {k}")
+        return False
+
+    if len(families) == 1:
+        (family,) = families
+        own = _FAMILY_KEYWORDS.get(family)
+        if (own is not None and not own.isdisjoint(keys)) or (
+                inline_values and ("enum" in keys or "const" in keys)):
+            # The family's node checks the type itself: one call per value.
+            node = _BUILDERS[family](schema, fast, type_ok, tail, inline_values)
+        elif not tail:
+            return _Meta(_mk_typed(fast, type_ok, tail), kinds, int_floats, fast)
+        else:
+            node = _mk_typed(fast, type_ok, tail)
+    else:
+        node = _mk_dispatch(_parts(schema), fast, type_ok, tail)
+    return _Meta(node, kinds, int_floats)
+
+
+def _parts(schema: dict) -> dict[str, Node]:
+    """Return a node per type family the schema has keywords for, without type checks."""
+    keys = schema.keys()
+    return {family: build(schema, None, None, (), False) for family, build in _BUILDERS.items()
+            if not _FAMILY_KEYWORDS[family].isdisjoint(keys)}
+
+
+def _mk_untyped(parts: dict[str, Node], tail: tuple[Node, ...]) -> Node:
+    """Node for a schema without `type`: type-specific keywords apply to their own types only."""
+    if not parts:
+        if len(tail) == 1:
+            return tail[0]
+
+        def node(x, path, errors):
+            for c in tail:
+                c(x, path, errors)
+        return node
+    get = parts.get
+
+    def node(x, path, errors):
+        fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
+        if fn is not None:
+            fn(x, path, errors)
+        for c in tail:
+            c(x, path, errors)
+    return node
+
+
+def _mk_typed(fast: frozenset, type_ok: Callable, tail: tuple[Node, ...]) -> Node:
+    """Node for a typed schema with no type-specific keywords."""
+    if not tail:
+        def node(x, path, errors):
+            if type(x) not in fast:
+                type_ok(x, path, errors)
+        return node
+
+    def node(x, path, errors):
+        if type(x) in fast or type_ok(x, path, errors):
+            for c in tail:
+                c(x, path, errors)
+    return node
+
+
+def _mk_dispatch(parts: dict[str, Node], fast: frozenset, type_ok: Callable,
+                 tail: tuple[Node, ...]) -> Node:
+    """Node for a schema allowing several types (e.g. ["string", "null"])."""
+    get = parts.get
+
+    def node(x, path, errors):
+        if type(x) in fast or type_ok(x, path, errors):
+            fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
+            if fn is not None:
+                fn(x, path, errors)
+            for c in tail:
+                c(x, path, errors)
+    return node
+
+
+# Each builder returns a node for values of its family. With `fast` (the accepted Python
+# types) it checks the type itself; without, the caller has dispatched on the type already.
+
+def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
+               tail: tuple[Node, ...], values: bool) -> Node:
+    get = schema.get
+    allowed, enum_msg, want, const_msg = _values(schema, values)
+    lo = int(get("minLength", 0)) or None
+    hi = None if get("maxLength") is None else int(get("maxLength"))
+    pattern = get("pattern")
+    search = None if pattern is None else re.compile(pattern).search
+    test, label = _FORMATS.get(get("format"), (None, ""))
+    lo_msg = f"must be at least {_plural(lo or 0, 'character')} long"
+    hi_msg = f"must be at most {_plural(hi or 0, 'character')} long"
+    pattern_msg = f"must match pattern '{pattern}'"
+    format_msg = f"must be a valid {label}"
+    guard = fast is not None
+
+    def string_node(x, path, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, errors):
+            return
+        if lo is not None and len(x) < lo:
+            errors.append(f"{path}: {lo_msg}")
+        if hi is not None and len(x) > hi:
+            errors.append(f"{path}: {hi_msg}")
+        if search is not None and search(x) is None:
+            errors.append(f"{path}: {pattern_msg}")
+        if test is not None and not test(x):
+            errors.append(f"{path}: {format_msg}")
+        # A str is its own canonical form (see _canon).
+        if allowed is not None and x not in allowed:
+            errors.append(f"{path}: {enum_msg}")
+        if want is not _MISSING and x != want:
+            errors.append(f"{path}: {const_msg}")
+        for c in tail:
+            c(x, path, errors)
+    return string_node
+
+
+def _mk_number(schema: dict, fast: frozenset | None, type_ok: Callable | None,
+               tail: tuple[Node, ...], values: bool) -> Node:
+    get = schema.get
+    allowed, enum_msg, want, const_msg = _values(schema, values)
+    minimum, maximum = get("minimum"), get("maximum")
+    ex_min, ex_max = get("exclusiveMinimum"), get("exclusiveMaximum")
+    divisor = get("multipleOf")
+    exact = None if divisor is None else _fraction(divisor)
+    int_divisor = isinstance(divisor, int)
+    min_msg, max_msg = f"must be >= {_js(minimum)}", f"must be <= {_js(maximum)}"
+    ex_min_msg, ex_max_msg = f"must be > {_js(ex_min)}", f"must be < {_js(ex_max)}"
+    divisor_msg = f"must be a multiple of {_js(divisor)}"
+    guard = fast is not None
+
+    def number_node(x, path, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, errors):
+            return
+        if minimum is not None and x < minimum:
+            errors.append(f"{path}: {min_msg}")
+        if maximum is not None and x > maximum:
+            errors.append(f"{path}: {max_msg}")
+        if ex_min is not None and x <= ex_min:
+            errors.append(f"{path}: {ex_min_msg}")
+        if ex_max is not None and x >= ex_max:
+            errors.append(f"{path}: {ex_max_msg}")
+        if divisor is not None:
+            if int_divisor and type(x) is int:
+                ok = x % divisor == 0
+            else:
+                try:
+                    ok = (_fraction(x) / exact).denominator == 1
+                except (ValueError, OverflowError):  # inf, nan
+                    ok = False
+            if not ok:
+                errors.append(f"{path}: {divisor_msg}")
+        # An int or float is its own canonical form (see _canon).
+        if allowed is not None and x not in allowed:
+            errors.append(f"{path}: {enum_msg}")
+        if want is not _MISSING and x != want:
+            errors.append(f"{path}: {const_msg}")
+        for c in tail:
+            c(x, path, errors)
+    return number_node
+
+
+def _fraction(x: int | float) -> Fraction:
+    """Exact value of a number as written: repr(0.1) is '0.1', so this gives 1/10."""
+    return Fraction(x) if isinstance(x, int) else Fraction(repr(float(x)))
+
+
+def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
+               tail: tuple[Node, ...], values: bool) -> Node:
+    get = schema.get
+    required = tuple(get("required", ()))
+    members: dict[str, tuple[str, Node, frozenset | None] | None] = {}
+    for name, sub in (get("properties") or {}).items():
+        meta = _compile_meta(sub)
+        members[name] = None if meta is _TRUE else (_seg(name), meta.node, meta.leaf)
+    extra = get("additionalProperties", True)
+    extra_node = None if extra is True or extra is False else _compile_meta(extra).node
+    if extra_node is _accept:
+        extra, extra_node = True, None
+    forbid_extra = extra is False
+    scan = forbid_extra or extra_node is not None or any(members.values())
+    member = members.get
+    guard = fast is not None
+
+    def object_node(x, path, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, errors):
+            return
+        for name in required:
+            if name not in x:
+                errors.append(f"{path}: missing required property '{name}'")
+        if scan:
+            for k, v in x.items():
+                p = member(k, _MISSING)
+                if p is _MISSING:
+                    if forbid_extra:
+                        errors.append(f"{path}{_seg(k)}: additional property not allowed")
+                    elif extra_node is not None:
+                        extra_node(v, path + _seg(k), errors)
+                elif p is not None:
+                    seg, node, leaf = p
+                    if leaf is None or type(v) not in leaf:
+                        node(v, path + seg, errors)
+        for c in tail:
+            c(x, path, errors)
+    return object_node
+
+
+def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
+              tail: tuple[Node, ...], values: bool) -> Node:
+    get = schema.get
+    lo = int(get("minItems", 0)) or None
+    hi = None if get("maxItems") is None else int(get("maxItems"))
+    unique = get("uniqueItems") is True
+    item_meta = _compile_meta(get("items", True))
+    item = None if item_meta is _TRUE else item_meta.node
+    leaf = item_meta.leaf
+    lo_msg = f"must contain at least {_plural(lo or 0, 'item')}"
+    hi_msg = f"must contain at most {_plural(hi or 0, 'item')}"
+    guard = fast is not None
+
+    def array_node(x, path, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, errors):
+            return
+        if lo is not None and len(x) < lo:
+            errors.append(f"{path}: {lo_msg}")
+        if hi is not None and len(x) > hi:
+            errors.append(f"{path}: {hi_msg}")
+        if unique:
+            seen: dict = {}
+            for i, v in enumerate(x):
+                j = seen.setdefault(_canon(v), i)
+                if j != i:
+                    errors.append(f"{path}: items must be unique ([{j}] and [{i}] are equal)")
+                    break
+        if item is not None:
+            if leaf is not None:
+                for i, v in enumerate(x):
+                    if type(v) not in leaf:
+                        item(v, f"{path}[{i}]", errors)
+            elif len(x) <= len(_INDEX):
+                for v, seg in zip(x, _INDEX):
+                    item(v, path + seg, errors)
+            else:
+                for i, v in enumerate(x):
+                    item(v, f"{path}[{i}]", errors)
+        for c in tail:
+            c(x, path, errors)
+    return array_node
+
+
+def _values(schema: dict, inline: bool) -> tuple[frozenset | None, str, Any, str]:
+    """Return (allowed, message, wanted, message) for enum and const checked inline."""
+    allowed = want = None
+    if inline and "enum" in schema:
+        allowed = frozenset(map(_canon, schema["enum"]))
+    want = _canon(schema["const"]) if inline and "const" in schema else _MISSING
+    return (allowed, f"must be one of {_js(schema.get('enum'))}",
+            want, f"must be equal to {_js(schema.get('const'))}")
+
+
+_INDEX = tuple(f"[{i}]" for i in range(64))
+_BUILDERS = {"string": _mk_string, "number": _mk_number, "object": _mk_object,
+             "array": _mk_array}
+
+
+def _mk_enum(values: list) -> Node:
+    allowed = frozenset(map(_canon, values))
+    message = f"must be one of {_js(values)}"
+
+    def check_enum(x, path, errors):
+        t = type(x)
+        # Strings and numbers are their own canonical form; skip the call for them.
+        if (x if t is str or t is int or t is float else _canon(x)) not in allowed:
+            errors.append(f"{path}: {message}")
+    return check_enum
+
+
+def _mk_const(value: Any) -> Node:
+    want = _canon(value)
+    message = f"must be equal to {_js(value)}"
+
+    def check_const(x, path, errors):
+        if _canon(x) != want:
+            errors.append(f"{path}: {message}")
+    return check_const
+
+
+def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str,
+              keyword: str, errors: list) -> None:
+    """Report that no alternative of anyOf/oneOf matched, as helpfully as one line allows."""
+    fitting = [i for i, m in enumerate(metas) if m.type_fits(x)]
+    if len(fitting) == 1:
+        errors.extend(failures[fitting[0]])
+    elif not fitting and all(m.kinds is not None for m in metas):
+        names: list[str] = []
+        for m in metas:
+            for n in TYPE_NAMES:
+                if n in m.kinds and n not in names and not (n == "integer" and "number" in m.kinds):
+                    names.append(n)
+        errors.append(f"{path}: expected {' or '.join(names)}, got {_kind(x)}")
+    else:
+        errors.append(f"{path}: does not match any of the {keyword} alternatives")
+
+
+def _mk_any_of(metas: list[_Meta]) -> Node:
+    nodes = [m.node for m in metas]
+
+    def check_any_of(x, path, errors):
+        failures = []
+        for node in nodes:
+            errs: list[str] = []
+            node(x, path, errs)
+            if not errs:
+                return
+            failures.append(errs)
+        _no_match(metas, failures, x, path, "anyOf", errors)
+    return check_any_of
+
+
+def _mk_one_of(metas: list[_Meta]) -> Node:
+    nodes = [m.node for m in metas]
+
+    def check_one_of(x, path, errors):
+        failures = []
+        matched = []
+        for i, node in enumerate(nodes):
+            errs: list[str] = []
+            node(x, path, errs)
+            failures.append(errs)
+            if not errs:
+                matched.append(i)
+        if not matched:
+            _no_match(metas, failures, x, path, "oneOf", errors)
+        elif len(matched) > 1:
+            which = ", ".join(str(i) for i in matched)
+            errors.append(f"{path}: must match exactly one of the oneOf alternatives, "
+                          f"but matches {len(matched)} ({which})")
+    return check_one_of
+
+
+def _mk_not(inner: Node) -> Node:
+    def check_not(x, path, errors):
+        errs: list[str] = []
+        inner(x, path, errs)
+        if not errs:
+            errors.append(f"{path}: must not match the 'not' schema")
+    return check_not
+
+
+# ---------------------------------------------------------------------------------------
+# check(): problems with the schema itself
+
+
+def check(schema: Any) -> list[str]:
+    """Return the problems of a schema as `path: message` strings; empty means usable."""
+    problems: list[str] = []
+    _check(schema, "$", problems)
+    return problems
+
+
+def _check(schema: Any, path: str, out: list[str]) -> None:
+    """Append the problems of one (sub)schema at `path`."""
+    if schema is True or schema is False:
+        return
+    if not isinstance(schema, dict):
+        out.append(f"{path}: must be a schema (object or boolean), got {_kind(schema)}")
+        return
+    start = len(out)
+    for key, value in schema.items():
+        checker = _CHECKERS.get(key)
+        if checker is None:
+            out.append(f"{path}: unsupported keyword {_q(key)}")
+        else:
+            checker(value, path, key, out)
+    for low, high in (("minimum", "maximum"), ("minLength", "maxLength"),
+                      ("minItems", "maxItems")):
+        a = schema.get(low)
+        if a is not None:
+            b = schema.get(high)
+            if _is_number(a) and _is_number(b) and a > b:
+                out.append(f"{path}: {low} {_js(a)} is greater than {high} {_js(b)}")
+    if "default" in schema and len(out) == start:
+        _compile(schema)[0](schema["default"], path + ".default", out)
+
+
+def _ck_type(value: Any, path: str, key: str, out: list[str]) -> None:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        out.append(f"{path}.type: must be a type name or a non-empty list of type names")
+        return
+    for n in names:
+        if n not in TYPE_NAMES:
+            out.append(f"{path}.type: unknown type {_q(n)} (expected one of {', '.join(TYPE_NAMES)})")
+    if len(set(names)) != len(names):
+        out.append(f"{path}.type: type names must not repeat")
+
+
+def _ck_properties(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, dict):
+        out.append(f"{path}.properties: must be an object mapping names to schemas, "
+                   f"got {_kind(value)}")
+        return
+    for name, sub in value.items():
+        _check(sub, f"{path}.properties{_seg(name)}", out)
+
+
+def _ck_string_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        out.append(f"{path}.{key}: must be a list of strings")
+    elif len(set(value)) != len(value):
+        out.append(f"{path}.{key}: names must not repeat")
+
+
+def _ck_subschema(value: Any, path: str, key: str, out: list[str]) -> None:
+    if isinstance(value, list):
+        out.append(f"{path}.{key}: must be a schema (object or boolean), got array"
+                   + (" (tuple-form items is not supported)" if key == "items" else ""))
+        return
+    _check(value, f"{path}.{key}", out)
+
+
+def _ck_schema_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, list) or not value:
+        out.append(f"{path}.{key}: must be a non-empty list of schemas")
+        return
+    for i, sub in enumerate(value):
+        _check(sub, f"{path}.{key}[{i}]", out)
+
+
+def _ck_enum(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, list):
+        out.append(f"{path}.enum: must be a list, got {_kind(value)}")
+    elif not value:
+        out.append(f"{path}.enum: must not be empty")
+
+
+def _ck_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, list):
+        out.append(f"{path}.{key}: must be a list, got {_kind(value)}")
+
+
+def _ck_any(value: Any, path: str, key: str, out: list[str]) -> None:
+    """const and default take any value (default is checked against its schema later)."""
+
+
+def _ck_string(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, str):
+        out.append(f"{path}.{key}: must be a string, got {_kind(value)}")
+
+
+def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not _is_number(value):
+        out.append(f"{path}.{key}: must be a number, got {_kind(value)}")
+    elif not math.isfinite(value):
+        out.append(f"{path}.{key}: must be a finite number")
+
+
+def _ck_positive(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not _is_number(value) or not math.isfinite(value) or not value > 0:
+        out.append(f"{path}.{key}: must be a number greater than 0")
+
+
+def _ck_count(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not _is_number(value) or value < 0 or not float(value).is_integer():
+        out.append(f"{path}.{key}: must be a non-negative integer")
+
+
+def _ck_bool(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, bool):
+        out.append(f"{path}.{key}: must be a boolean, got {_kind(value)}")
+
+
+def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
+    if not isinstance(value, str):
+        out.append(f"{path}.pattern: must be a string, got {_kind(value)}")
+        return
+    try:
+        re.compile(value)
+    except re.error as exc:
+        out.append(f"{path}.pattern: invalid regular expression: {exc}")
+
+
+_CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {
+    "type": _ck_type,
+    "properties": _ck_properties,
+    "required": _ck_string_list,
+    "additionalProperties": _ck_subschema,
+    "enum": _ck_enum,
+    "const": _ck_any,
+    "default": _ck_any,
+    "description": _ck_string,
+    "title": _ck_string,
+    "examples": _ck_list,
+    "minimum": _ck_number,
+    "maximum": _ck_number,
+    "exclusiveMinimum": _ck_number,
+    "exclusiveMaximum": _ck_number,
+    "multipleOf": _ck_positive,
+    "minLength": _ck_count,
+    "maxLength": _ck_count,
+    "pattern": _ck_pattern,
+    "format": _ck_string,
+    "items": _ck_subschema,
+    "minItems": _ck_count,
+    "maxItems": _ck_count,
+    "uniqueItems": _ck_bool,
+    "anyOf": _ck_schema_list,
+    "oneOf": _ck_schema_list,
+    "allOf": _ck_schema_list,
+    "not": _ck_subschema,
+}

@@ -1,0 +1,285 @@
+"""SKILL.md parsing and the skill registry (system skills overridden by user skills)."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import SkillError
+from .limits import SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    """One loaded skill: everything the gate, the runner and the LLM need."""
+    name: str
+    title: str
+    description: str
+    risk: str                     # "low" | "high"
+    parameters: dict              # JSON Schema (object)
+    execute: str                  # the bash script of ## Execute
+    timeout: float                # seconds
+    env: tuple[str, ...]          # names passed through from the daemon's environment
+    directory: Path
+    source: str = "user"          # "system" | "user"
+    overrides: bool = False       # a user skill replacing a system skill of the same name
+
+    @property
+    def high(self) -> bool:
+        return self.risk == "high"
+
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names the runner sets itself; a skill cannot ask for the daemon's value of these.
+RESERVED_ENV = frozenset({"PATH", "LANG", "TZ", "HOME", "IAS_SKILL", "IAS_SKILL_DIR",
+                          "IAS_PARAMS", "IAS_PYTHON", "IAS_HOME"})
+SECTION_ALIASES = {
+    "risk level": "risk", "风险等级": "risk",
+    "parameters": "parameters", "参数": "parameters",
+    "execute": "execute", "执行": "execute",
+    "timeout": "timeout", "超时": "timeout",
+    "env": "env", "环境变量": "env",
+}
+REQUIRED_SECTIONS = ("risk", "parameters", "execute")
+RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
+FENCE_RE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)\s*$")
+TIMEOUT_RE = re.compile(r"^(\d+)\s*(s|秒|seconds?)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    lang: str
+    text: str
+    line: int          # line number of the first content line
+
+
+@dataclass(slots=True)
+class _Section:
+    heading: str
+    line: int
+    lines: list[tuple[int, str]]     # (line number, text) outside code fences
+    blocks: list[_Block]
+
+
+def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], list[str]]:
+    """Split SKILL.md into title, preamble lines and `##` sections, ignoring headings inside code fences."""
+    title = ""
+    preamble: list[tuple[int, str]] = []
+    sections: dict[str, _Section] = {}
+    duplicates: list[str] = []
+    current: _Section | None = None
+    fence: tuple[str, str, int, list[str]] | None = None   # (marker, lang, first line, lines)
+    for number, line in enumerate(text.splitlines(), 1):
+        if fence is not None:
+            marker, lang, first, body = fence
+            stripped = line.strip()
+            if stripped.startswith(marker[0] * len(marker)) and not stripped.strip(marker[0]):
+                if current is not None:
+                    current.blocks.append(_Block(lang, "\n".join(body), first))
+                fence = None
+            else:
+                body.append(line)
+            continue
+        match = FENCE_RE.match(line)
+        if match:
+            fence = (match.group(1), match.group(2).lower(), number + 1, [])
+            continue
+        if line.startswith("## ") or line.rstrip() == "##":
+            heading = line[2:].strip().rstrip("#").strip()
+            key = SECTION_ALIASES.get(heading.lower(), "other:" + heading.lower())
+            if key in sections and not key.startswith("other:"):
+                duplicates.append(f"{number}: duplicate section '## {heading}' (first at line {sections[key].line})")
+            current = _Section(heading, number, [], [])
+            sections.setdefault(key, current)
+            continue
+        if current is None:
+            if not title and line.startswith("# "):
+                title = line[2:].strip()
+            else:
+                preamble.append((number, line))
+        else:
+            current.lines.append((number, line))
+    if fence is not None:
+        duplicates.append(f"{fence[2] - 1}: unclosed code fence")
+    return title, preamble, sections, duplicates
+
+
+def _text(section: _Section) -> list[tuple[int, str]]:
+    """The non-empty prose lines of a section, stripped of list markers and backticks."""
+    out = []
+    for number, line in section.lines:
+        line = line.strip().lstrip("-*").strip().strip("`").strip()
+        if line and not line.startswith("<!--"):
+            out.append((number, line))
+    return out
+
+
+def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], where: str) -> _Block | None:
+    blocks = [b for b in section.blocks if b.lang in langs]
+    if len(blocks) != 1:
+        what = "no" if not blocks else f"{len(blocks)}"
+        problems.append(f"{where}:{section.line}: '## {section.heading}' needs exactly one ```{langs[0]} block, found {what}")
+        return None
+    return blocks[0]
+
+
+def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
+    """Parse one SKILL.md; raise SkillError with every `path:line: message` problem found."""
+    from . import schema   # imported here so `skills` listing stays cheap when nothing is parsed
+
+    where = str(path)
+    problems: list[str] = []
+    directory = path.parent
+    name = directory.name
+    if not NAME_RE.match(name):
+        problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
+
+    title, preamble, sections, structural = _split(text)
+    problems.extend(f"{where}:{p}" for p in structural)
+    description = "\n".join(line for _, line in preamble).strip() or title
+    if not description:
+        problems.append(f"{where}:1: missing description (the text before the first ## heading)")
+
+    for key in REQUIRED_SECTIONS:
+        if key not in sections:
+            heading = {"risk": "Risk Level", "parameters": "Parameters", "execute": "Execute"}[key]
+            problems.append(f"{where}:1: missing required section '## {heading}'")
+
+    risk = "high"
+    if "risk" in sections:
+        section = sections["risk"]
+        lines = _text(section)
+        value = lines[0][1] if lines else ""
+        if value.lower() in RISKS and len(lines) == 1:
+            risk = RISKS[value.lower()]
+        else:
+            line = lines[0][0] if lines else section.line
+            problems.append(f"{where}:{line}: unknown risk level '{value}' (expected Low or High)")
+
+    parameters: dict = {}
+    if "parameters" in sections:
+        block = _one_block(sections["parameters"], ("json",), problems, where)
+        if block is not None:
+            try:
+                parameters = json.loads(block.text)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{where}:{block.line + exc.lineno - 1}: invalid JSON in ## Parameters: {exc.msg}")
+            else:
+                if not isinstance(parameters, dict) or parameters.get("type") != "object":
+                    problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
+                else:
+                    problems.extend(f"{where}:{block.line}: {p}" for p in schema.check(parameters))
+
+    execute = ""
+    if "execute" in sections:
+        block = _one_block(sections["execute"], ("bash", "sh", "shell"), problems, where)
+        if block is not None:
+            execute = block.text
+            if not execute.strip():
+                problems.append(f"{where}:{block.line}: ## Execute block is empty")
+
+    timeout = float(SKILL_TIMEOUT_DEFAULT)
+    if "timeout" in sections:
+        section = sections["timeout"]
+        lines = _text(section)
+        value = lines[0][1] if lines else ""
+        match = TIMEOUT_RE.match(value)
+        if match and 1 <= int(match.group(1)) <= SKILL_TIMEOUT_MAX and len(lines) == 1:
+            timeout = float(match.group(1))
+        else:
+            line = lines[0][0] if lines else section.line
+            problems.append(f"{where}:{line}: timeout must be whole seconds from 1 to {SKILL_TIMEOUT_MAX}, got '{value}'")
+
+    env: list[str] = []
+    if "env" in sections:
+        for number, line in _text(sections["env"]):
+            for item in re.split(r"[\s,，]+", line):
+                item = item.strip("`")
+                if not item:
+                    continue
+                if not ENV_NAME_RE.match(item):
+                    problems.append(f"{where}:{number}: '{item}' is not an environment variable name")
+                elif item in RESERVED_ENV or item.startswith("IAS_PARAM_"):
+                    problems.append(f"{where}:{number}: '{item}' is set by the runner and cannot be passed through")
+                elif item not in env:
+                    env.append(item)
+
+    if problems:
+        raise SkillError(problems)
+    return Skill(name=name, title=title or name, description=description, risk=risk,
+                 parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
+                 directory=directory.resolve(), source=source)
+
+
+def load_skill(directory: Path, source: str = "user") -> Skill:
+    """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem."""
+    path = Path(directory) / "SKILL.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
+    return parse_skill(path, text, source)
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """The loaded skills by name, with the problems (not loaded) and warnings (loaded) found."""
+    skills: dict[str, Skill]
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def get(self, name: str) -> Skill | None:
+        return self.skills.get(name)
+
+    def __iter__(self):
+        return iter(sorted(self.skills.values(), key=lambda s: s.name))
+
+    def __len__(self) -> int:
+        return len(self.skills)
+
+
+def _scan(root: Path, source: str, problems: list[str]) -> dict[str, Skill]:
+    found: dict[str, Skill] = {}
+    if not root.is_dir():
+        return found
+    for path in sorted(root.glob("*/SKILL.md")):
+        try:
+            skill = load_skill(path.parent, source)
+        except SkillError as exc:
+            problems.extend(exc.problems)
+            log.warning("skill not loaded: %s", "; ".join(exc.problems))
+            continue
+        found[skill.name] = skill
+    return found
+
+
+def load_registry(system_dir: Path | None, user_dir: Path | None,
+                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset()) -> Registry:
+    """Load system skills, then user skills over them; one bad skill never stops the others."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    system = _scan(Path(system_dir), "system", problems) if system_dir else {}
+    user = _scan(Path(user_dir), "user", problems) if user_dir else {}
+    skills = dict(system)
+    for name, skill in user.items():
+        base = system.get(name)
+        if base is not None:
+            if base.high and not skill.high and name not in allow_risk_downgrade:
+                warnings.append(f"{skill.directory / 'SKILL.md'}:1: user skill '{name}' may not lower the risk of the "
+                                "system skill it replaces; kept High (allow it with [skills] allow_risk_downgrade in ias.toml)")
+                skill = replace(skill, risk="high")
+            skill = replace(skill, overrides=True)
+        skills[name] = skill
+    for warning in warnings:
+        log.warning("%s", warning)
+    return Registry(skills, tuple(problems), tuple(warnings))
+
+
+def registry(config) -> Registry:
+    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list."""
+    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade)

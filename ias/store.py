@@ -1,0 +1,277 @@
+"""PostgreSQL storage: the only module that imports psycopg, and the only one with SQL.
+
+Autocommit connections from a small pool; `transaction()` only where a state change and its
+audit row must commit together. Every approval transition is one compare-and-set UPDATE
+(`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
+both win. Not handled: schema migrations beyond the idempotent `schema.sql`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from .errors import StoreError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
+POOL_SIZE = 8                    # connections held at most
+CONNECT_TIMEOUT = 10             # seconds
+SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
+INSTANCE_LOCK = 7308199102       # advisory lock held by the running daemon
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit row to write; `params` must already be redacted."""
+    event: str
+    user_id: str | None = None
+    skill_name: str | None = None
+    params: Any = None
+    risk: str | None = None
+    approval_id: uuid.UUID | None = None
+    decision: str | None = None
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    output_size: int | None = None
+    truncated: bool | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    id: int
+    at: datetime
+    event: str
+    user_id: str | None
+    skill_name: str | None
+    params: Any
+    risk: str | None
+    approval_id: uuid.UUID | None
+    decision: str | None
+    exit_code: int | None
+    duration_ms: int | None
+    output_size: int | None
+    truncated: bool | None
+    detail: str | None
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    id: uuid.UUID
+    created_at: datetime
+    expires_at: datetime
+    user_id: str
+    skill_name: str
+    params: dict
+    code_hash: str
+    attempts_left: int
+    status: str
+    result: dict | None
+    consumed_at: datetime | None
+
+
+_AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
+_AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
+                 f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
+_APPROVAL_FIELDS = "id, created_at, expires_at, user_id, skill_name, params, code_hash, attempts_left, status, result, consumed_at"
+
+
+def _audit_values(entry: AuditEntry) -> list:
+    values = [getattr(entry, name) for name in _AUDIT_COLUMNS]
+    values[_AUDIT_COLUMNS.index("params")] = None if entry.params is None else Jsonb(entry.params)
+    return values
+
+
+def _approval(row: dict | None) -> Approval | None:
+    return None if row is None else Approval(**row)
+
+
+class Store:
+    """A pool of autocommit connections to one database, with every query iAs makes."""
+
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE):
+        self.dsn = dsn
+        self._size = pool_size
+        self._idle: list[psycopg.AsyncConnection] = []
+        self._slots = asyncio.Semaphore(pool_size)
+        self._lock_conn: psycopg.AsyncConnection | None = None
+
+    @classmethod
+    async def open(cls, dsn: str, pool_size: int = POOL_SIZE) -> "Store":
+        """Connect and apply schema.sql (idempotent); raise StoreError when unreachable."""
+        store = cls(dsn, pool_size)
+        async with store._conn() as conn:
+            sql = SCHEMA_FILE.read_text(encoding="utf-8")
+            await conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
+            try:
+                await conn.execute(sql)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
+        return store
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        try:
+            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
+                                                         connect_timeout=CONNECT_TIMEOUT)
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"cannot connect to PostgreSQL: {str(exc).strip().splitlines()[0]}") from None
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                if conn.closed or conn.broken:
+                    await conn.close()
+                    conn = None
+                if isinstance(exc, psycopg.OperationalError):
+                    raise StoreError(f"database error: {str(exc).strip().splitlines()[0]}") from exc
+                raise
+            finally:
+                if conn is not None and not conn.closed and not conn.broken:
+                    self._idle.append(conn)
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        async with self._conn() as conn, conn.transaction():
+            yield conn
+
+    async def close(self) -> None:
+        for conn in self._idle:
+            await conn.close()
+        self._idle.clear()
+        if self._lock_conn is not None:
+            await self._lock_conn.close()
+            self._lock_conn = None
+
+    # -- daemon instance ------------------------------------------------------------------
+    async def lock_instance(self) -> bool:
+        """Hold a session advisory lock for the life of the daemon; False if another holds it."""
+        conn = await self._connect()
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (INSTANCE_LOCK,))
+        if not (await cur.fetchone())["ok"]:
+            await conn.close()
+            return False
+        self._lock_conn = conn
+        return True
+
+    # -- audit ----------------------------------------------------------------------------
+    async def audit(self, entry: AuditEntry) -> None:
+        async with self._conn() as conn:
+            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
+
+    async def audit_rows(self, limit: int | None = None) -> list[AuditRow]:
+        """The newest `limit` rows (all when None), oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM (SELECT * FROM audit_log ORDER BY id DESC LIMIT %s) r ORDER BY id", (limit,))
+            return [AuditRow(**row) for row in await cur.fetchall()]
+
+    async def audit_digests(self) -> list[tuple[int, str, str, str]]:
+        """(id, prev_hash, hash, digest recomputed by the database) for every row, oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT id, prev_hash, hash, audit_digest(a) AS digest FROM audit_log a ORDER BY id")
+            return [(r["id"], r["prev_hash"], r["hash"], r["digest"]) for r in await cur.fetchall()]
+
+    # -- approvals --------------------------------------------------------------------------
+    async def create_approval(self, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict,
+                              timeout: float, code_hash: Callable[[dict], str], entry: AuditEntry) -> Approval:
+        """Insert a pending approval and its audit row together.
+
+        The hash is computed over the params as PostgreSQL stored them (jsonb normalises numbers),
+        so that verification, which reads them back, sees exactly the same canonical text.
+        """
+        async with self._tx() as conn:
+            cur = await conn.execute(
+                "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
+                "VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, '') RETURNING params",
+                (approval_id, timeout, user_id, skill_name, Jsonb(params)))
+            stored = (await cur.fetchone())["params"]
+            cur = await conn.execute(
+                f"UPDATE pending_approvals SET code_hash = %s WHERE id = %s RETURNING {_APPROVAL_FIELDS}",
+                (code_hash(stored), approval_id))
+            row = await cur.fetchone()
+            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
+        return _approval(row)
+
+    async def approval(self, approval_id: uuid.UUID) -> Approval | None:
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals WHERE id = %s", (approval_id,))
+            return _approval(await cur.fetchone())
+
+    async def approvals(self, include_closed: bool = False, limit: int = 50) -> list[Approval]:
+        where = "" if include_closed else "WHERE status = 'pending'"
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals {where} ORDER BY created_at DESC LIMIT %s", (limit,))
+            return [_approval(row) for row in await cur.fetchall()]
+
+    async def _transition(self, sql: str, args: tuple, entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+        """Run one compare-and-set UPDATE … RETURNING and, if it matched, its audit row, together."""
+        async with self._tx() as conn:
+            cur = await conn.execute(sql, args)
+            row = _approval(await cur.fetchone())
+            if row is not None:
+                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
+            return row
+
+    async def approve(self, approval_id: uuid.UUID, user_id: str,
+                      entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+        """pending → approved, if still pending and unexpired; None when someone else won or it ended."""
+        return await self._transition(
+            f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
+            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
+            (approval_id, user_id), entry)
+
+    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str,
+                            entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left."""
+        return await self._transition(
+            f"UPDATE pending_approvals SET attempts_left = attempts_left - 1, "
+            f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
+            f"consumed_at = CASE WHEN attempts_left - 1 <= 0 THEN clock_timestamp() END "
+            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
+            (approval_id, user_id), entry)
+
+    async def close_approval(self, approval_id: uuid.UUID, status: str,
+                             entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+        """pending → rejected (cancel) or expired (timeout, delivery failure), if still pending."""
+        assert status in ("rejected", "expired")
+        return await self._transition(
+            f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
+            f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
+            (status, approval_id), entry)
+
+    async def expire_leftovers(self, entry: Callable[[Approval], AuditEntry]) -> list[Approval]:
+        """Mark every pending approval expired (at start: nobody waits for them any more)."""
+        async with self._tx() as conn:
+            cur = await conn.execute(
+                f"UPDATE pending_approvals SET status = 'expired', consumed_at = clock_timestamp() "
+                f"WHERE status = 'pending' RETURNING {_APPROVAL_FIELDS}")
+            rows = [_approval(row) for row in await cur.fetchall()]
+            for row in rows:
+                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
+            return rows
+
+    async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
+        async with self._conn() as conn:
+            await conn.execute("UPDATE pending_approvals SET result = %s WHERE id = %s AND result IS NULL",
+                               (Jsonb(result), approval_id))

@@ -1,0 +1,126 @@
+-- iAs schema. Idempotent: applied at every start (under an advisory lock). Needs PostgreSQL >= 14.
+
+-- Approvals of High-risk calls (the seed's table, exactly these columns).
+CREATE TABLE IF NOT EXISTS pending_approvals (
+    id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at    timestamptz NOT NULL,
+    user_id       text NOT NULL,
+    skill_name    text NOT NULL,
+    params        jsonb NOT NULL,
+    code_hash     text NOT NULL,
+    attempts_left integer NOT NULL DEFAULT 3,
+    status        text NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'approved', 'rejected', 'expired')),
+    result        jsonb,
+    consumed_at   timestamptz
+);
+-- At most one pending approval per user.
+CREATE UNIQUE INDEX IF NOT EXISTS pending_approvals_one_per_user
+    ON pending_approvals (user_id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS pending_approvals_created ON pending_approvals (created_at DESC);
+
+-- Audit log: append-only, every row chained to the previous one by SHA-256.
+CREATE TABLE IF NOT EXISTS audit_log (
+    id          bigserial PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    event       text NOT NULL,
+    user_id     text,
+    skill_name  text,
+    params      jsonb,
+    risk        text,
+    approval_id uuid,
+    decision    text,
+    exit_code   integer,
+    duration_ms integer,
+    output_size bigint,
+    truncated   boolean,
+    detail      text,
+    prev_hash   text NOT NULL,
+    hash        text NOT NULL
+);
+
+-- The digest of one row: an unambiguous JSON array of every column but `hash`.
+CREATE OR REPLACE FUNCTION audit_digest(r audit_log) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT encode(sha256(convert_to(jsonb_build_array(
+        r.prev_hash, r.id, extract(epoch FROM r.at)::text, r.event, r.user_id, r.skill_name,
+        r.params, r.risk, r.approval_id, r.decision, r.exit_code, r.duration_ms, r.output_size,
+        r.truncated, r.detail)::text, 'UTF8')), 'hex')
+$$;
+
+-- Chains each new row: serialises writers, then takes the id and prev_hash under the lock
+-- so that id order is commit order.
+CREATE OR REPLACE FUNCTION audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(7308199101);
+    NEW.id := nextval(pg_get_serial_sequence('audit_log', 'id'));
+    NEW.at := clock_timestamp();
+    NEW.prev_hash := coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '');
+    NEW.hash := audit_digest(NEW);
+    RETURN NEW;
+END $$;
+
+CREATE OR REPLACE FUNCTION audit_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'audit_log is append-only (% refused)', TG_OP USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE OR REPLACE TRIGGER audit_log_chain BEFORE INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_chain();
+CREATE OR REPLACE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_refuse();
+CREATE OR REPLACE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION audit_refuse();
+
+-- Conversation history per user (one row per chat message sent to or received from the model).
+CREATE TABLE IF NOT EXISTS messages (
+    id      bigserial PRIMARY KEY,
+    user_id text NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    message jsonb NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_user ON messages (user_id, id DESC);
+
+-- Channel state: WeChat token, cursor, context tokens … (one JSON value per key).
+CREATE TABLE IF NOT EXISTS channel_state (
+    channel    text NOT NULL,
+    key        text NOT NULL,
+    value      jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (channel, key)
+);
+
+-- Inbound message ids already handled, so a redelivery (also after a restart) is ignored.
+CREATE TABLE IF NOT EXISTS seen_messages (
+    channel    text NOT NULL,
+    message_id text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (channel, message_id)
+);
+
+-- Scheduled tasks and their runs; a run row per (task, slot) claims the slot exactly once.
+CREATE TABLE IF NOT EXISTS scheduled_tasks (
+    id          bigserial PRIMARY KEY,
+    user_id     text NOT NULL,
+    name        text NOT NULL,
+    schedule    text NOT NULL,
+    kind        text NOT NULL CHECK (kind IN ('reminder', 'prompt')),
+    text        text NOT NULL,
+    enabled     boolean NOT NULL DEFAULT true,
+    next_run_at timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS scheduled_tasks_due ON scheduled_tasks (next_run_at) WHERE enabled;
+
+CREATE TABLE IF NOT EXISTS task_runs (
+    id          bigserial PRIMARY KEY,
+    task_id     bigint NOT NULL REFERENCES scheduled_tasks (id) ON DELETE CASCADE,
+    slot        timestamptz NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz,
+    status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'ok', 'error')),
+    reply       text,
+    error       text,
+    UNIQUE (task_id, slot)
+);

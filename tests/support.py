@@ -1,0 +1,143 @@
+"""Shared test support: a real PostgreSQL per test run, a fresh schema per test, small fakes.
+
+The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded cluster created
+on first use and removed at exit. No PostgreSQL is a failure, never a skip.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import re
+import shutil
+import tempfile
+import unittest
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from ias.pgcluster import Cluster
+from ias.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+_server: dict[str, str] = {}
+
+
+def server_dsn() -> str:
+    """The DSN of the test server, starting the throwaway cluster on first call."""
+    if "dsn" not in _server:
+        url = os.environ.get("IAS_TEST_DATABASE_URL", "").strip()
+        if url:
+            _server["dsn"] = url
+        else:
+            root = Path(tempfile.mkdtemp(prefix="ias-test-pg-"))
+            os.chmod(root, 0o755)
+            cluster = Cluster(root / "pg", fsync=False)
+            try:
+                _server["dsn"] = cluster.start()
+            except Exception as exc:
+                shutil.rmtree(root, ignore_errors=True)
+                raise RuntimeError(f"tests need PostgreSQL and none could be started: {exc}") from exc
+
+            def cleanup() -> None:
+                cluster.stop()
+                shutil.rmtree(root, ignore_errors=True)
+            atexit.register(cleanup)
+    return _server["dsn"]
+
+
+def fresh_schema_dsn() -> tuple[str, str]:
+    """A DSN whose search_path is a new, empty schema (and the schema's name)."""
+    dsn = server_dsn()
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    return make_conninfo(dsn, options=f"-c search_path={name}"), name
+
+
+def drop_schema(name: str) -> None:
+    with psycopg.connect(server_dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+class StoreTestCase(unittest.IsolatedAsyncioTestCase):
+    """A test with `self.store` on its own fresh schema (schema.sql applied)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        server_dsn()        # start the cluster outside the event loop
+
+    async def asyncSetUp(self) -> None:
+        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.store = await Store.open(self.dsn)
+
+    async def asyncTearDown(self) -> None:
+        await self.store.close()
+        await asyncio.to_thread(drop_schema, self.schema_name)
+
+    def sql(self, query: str, params: tuple = ()) -> list[tuple]:
+        """Run SQL directly (outside the store) on this test's schema; returns rows if any."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+
+class FakeOwner:
+    """The owner at the other end of a channel: records every message, can refuse delivery."""
+
+    def __init__(self, deliver: bool = True):
+        self.deliver = deliver
+        self.messages: list[str] = []
+        self.arrived = asyncio.Event()
+
+    async def notify(self, text: str) -> bool:
+        self.messages.append(text)
+        self.arrived.set()
+        return self.deliver
+
+    async def code(self, timeout: float = 10) -> str:
+        """Wait for a confirmation message and return its code."""
+        await asyncio.wait_for(self.arrived.wait(), timeout)
+        self.arrived.clear()
+        match = CODE_LINE.search(self.messages[-1])
+        assert match, self.messages[-1]
+        return match.group(1)
+
+
+CODE_LINE = re.compile(r"确认码：(\d{6})")
+
+
+class GateTestCase(StoreTestCase):
+    """A store plus the gate over the fixture skills in tests/fixtures/gate."""
+    approval_timeout = 5.0
+
+    async def asyncSetUp(self) -> None:
+        await super().asyncSetUp()
+        from ias.approval import Approvals
+        from ias.gate import Gate
+        from ias.runner import Runner
+        from ias.skills import load_registry
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-gate-"))
+        self.key = os.urandom(32)
+        self.registry = load_registry(None, FIXTURES / "gate")
+        self.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"]})
+        self.approvals = Approvals(self.store, self.key, self.approval_timeout)
+        self.gate = Gate(self.registry, self.runner, self.store, self.approvals)
+        self.marker = self.tmp / "marker"
+        self.owner = FakeOwner()
+
+    async def asyncTearDown(self) -> None:
+        await super().asyncTearDown()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def runs(self) -> int:
+        return len(self.marker.read_text().splitlines()) if self.marker.exists() else 0
+
+    def call_high(self, user: str = "owner", notify=None, **params):
+        """Start a High call in the background; returns its task."""
+        params.setdefault("marker", str(self.marker))
+        return asyncio.create_task(self.gate.call(user, "mark_high", params, notify or self.owner.notify))
