@@ -1,19 +1,26 @@
 """The composition root: the only place iAs's objects are built and wired together."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .approval import Approvals, load_key
+from . import systemd
+from .approval import Approvals, Notify, load_key
+from .channels.base import Channel, Inbound
+from .channels.console import ConsoleChannel
 from .config import Config
+from .errors import IasError
 from .gate import Gate
 from .pgcluster import Cluster
 from .runner import Runner
 from .skills import Registry, registry
-from .store import Store
+from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +65,117 @@ def core(config: Config, store: Store, skills: Registry | None = None) -> Core:
 
 def owner(config: Config) -> str:
     return config.owner or config.wechat_owner or "owner"
+
+
+def make_llm(config: Config):
+    """The LLM client, or None without an API key (imports openai only when there is one)."""
+    if not config.openai_api_key:
+        return None
+    from .llm import LLM
+    return LLM(config.openai_api_key, config.openai_base_url, config.model)
+
+
+def terminal_approvals(approvals: Approvals, user: str) -> Notify:
+    """For `run` and `--once`: ask on the terminal (message on stderr, reply from stdin).
+
+    Without a terminal nobody can answer: the notification fails, so the call ends as not
+    confirmed, and stderr says why.
+    """
+    console = ConsoleChannel(user, stdout=sys.stderr)
+    if not console.interactive():
+        return _explain_no_confirm
+
+    async def answer(message: Inbound) -> None:
+        reply = await approvals.redeem(message.user_id, message.text)
+        if reply:
+            await console.send(user, reply)
+
+    async def notify(text: str) -> bool:
+        if not console.started:
+            await console.start(answer)
+        return await console.send(user, text)
+    return notify
+
+
+NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录微信；高风险调用按未确认处理"
+
+
+async def run_once(config: Config, text: str) -> int:
+    """`ias --once TEXT`: one turn for the owner; the reply on stdout."""
+    from .agent import APOLOGY, NO_LLM, Agent
+    async with open_store(config) as store:
+        c = core(config, store)
+        llm = make_llm(config)
+        user = owner(config)
+        try:
+            if llm is None and not text.strip().startswith("/"):
+                print(NO_LLM, file=sys.stderr)
+                return 1
+            agent = Agent(c.registry, c.gate, store, llm)
+            reply = await agent.turn(user, text, terminal_approvals(c.approvals, user))
+            print(reply)
+            return 1 if reply == APOLOGY else 0
+        finally:
+            if llm is not None:
+                await llm.close()
+
+
+async def _explain_no_confirm(text: str) -> bool:
+    print(NO_CONFIRM, file=sys.stderr)
+    return False
+
+
+async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
+    """The daemon: store and recovery, channels, agent; runs until SIGTERM/SIGINT."""
+    from .agent import Agent
+    from .router import Router
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_store(config) as store:
+        if not await store.lock_instance():
+            raise IasError("another iAs daemon is already running on this database; stop it first")
+        c = core(config, store)
+        for line in c.registry.problems:
+            log.error("skill not loaded: %s", line)
+        llm = make_llm(config)
+        if llm is None:
+            log.warning("OPENAI_API_KEY is not set: only /commands will work")
+        user = owner(config)
+        console = ConsoleChannel(user, stdin=stdin, stdout=stdout)
+        channels: dict[str, Channel] = {console.name: console}
+        router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels)
+        leftovers = await c.approvals.expire_leftovers()
+        await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
+                                                            f"channels {','.join(channels)}"))
+        for channel in channels.values():
+            await channel.start(router.deliver)
+        primary = next(iter(channels.values()))
+        for row in leftovers:
+            await primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+        systemd.notify("READY=1\nSTATUS=serving")
+        log.warning("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
+        watchdog = asyncio.create_task(_watchdog(systemd.watchdog_interval()))
+        try:
+            await stop.wait()
+        finally:
+            systemd.notify("STOPPING=1")
+            log.warning("iAs is stopping")
+            watchdog.cancel()
+            for channel in channels.values():
+                await channel.stop()
+            await c.runner.kill_all()
+            await router.cancel()
+            await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"))
+            if llm is not None:
+                await llm.close()
+    return 0
+
+
+async def _watchdog(interval: float | None) -> None:
+    if interval is None:
+        return
+    while True:
+        systemd.notify("WATCHDOG=1")
+        await asyncio.sleep(interval)

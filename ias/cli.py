@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     approvals = sub.add_parser("approvals", help="pending approvals (never codes)")
     approvals.add_argument("--all", action="store_true", help="recent approvals in every state")
 
+    sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
+
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=int, default=20)
     audit.add_argument("--verify", action="store_true")
@@ -56,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_approvals(config, args.all))
         if args.command == "audit":
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
-        print("the daemon arrives with the agent issue; use `ias skills` or `ias run`", file=sys.stderr)
-        return 2
+        if args.command == "doctor":
+            return asyncio.run(cmd_doctor(config))
+        from . import app
+        if args.once is not None:
+            return asyncio.run(app.run_once(config, args.once))
+        logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+        return asyncio.run(app.run_daemon(config))
     except IasError as exc:
         print(f"ias: {exc}", file=sys.stderr)
         return 1
@@ -99,8 +106,7 @@ def cmd_skills(config, args) -> int:
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
-    from .app import core, open_store, owner
-    from .channels.console import ConsoleChannel
+    from .app import core, open_store, owner, terminal_approvals
     try:
         params = json.loads(params_text)
     except json.JSONDecodeError as exc:
@@ -109,22 +115,7 @@ async def cmd_run(config, name: str, params_text: str) -> int:
     async with open_store(config) as store:
         c = core(config, store)
         user = owner(config)
-        console = ConsoleChannel(user, stdout=sys.stderr)
-        notify = None
-        skill = c.registry.get(name)
-        if skill is not None and skill.high:
-            if console.interactive():
-                async def deliver(message) -> None:
-                    reply = await c.approvals.redeem(message.user_id, message.text)
-                    if reply:
-                        await console.send(user, reply)
-                await console.start(deliver)
-
-                async def notify(text: str) -> bool:
-                    return await console.send(user, text)
-            else:
-                print("ias: 无法请求确认：标准输入不是终端，且未登录微信；高风险调用按未确认处理", file=sys.stderr)
-        result = await c.gate.call(user, name, params, notify)
+        result = await c.gate.call(user, name, params, terminal_approvals(c.approvals, user))
         print(json.dumps(result, ensure_ascii=False))
         return 0 if result.get("success") else 1
 
@@ -155,3 +146,47 @@ async def cmd_audit(config, limit: int, verify: bool) -> int:
         for row in await store.audit_rows(limit):
             print(format_row(row))
     return 0
+
+
+async def cmd_doctor(config) -> int:
+    """One line per check; exit 1 when any check fails."""
+    from .app import make_llm, open_store
+    from .approval import load_key
+    from .skills import registry
+    failed = False
+
+    def line(ok: bool | None, what: str, detail: str) -> None:
+        nonlocal failed
+        failed |= ok is False
+        print(f"{'ok  ' if ok else 'warn' if ok is None else 'FAIL'}  {what}: {detail}")
+
+    line(True, "config", f"data dir {config.data_dir}, model {config.model}, approval timeout {config.approval_timeout:g}s")
+    try:
+        load_key(config.key_file)
+        line(True, "secret key", f"{config.key_file} (0600)")
+    except IasError as exc:
+        line(False, "secret key", str(exc))
+    reg = registry(config)
+    line(not reg.problems, "skills", f"{len(reg)} loaded, {len(reg.problems)} not loaded"
+         + "".join(f"\n      {p}" for p in reg.problems))
+    try:
+        async with open_store(config) as store:
+            where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
+            pending = await store.approvals()
+            line(True, "database", f"{where}, schema applied, {len(pending)} pending approvals")
+            wechat = await store.get_state("wechat", "token")
+            line(True if wechat or config.wechat_token else None, "channel",
+                 "WeChat logged in" if wechat or config.wechat_token else "WeChat not logged in: console channel")
+    except IasError as exc:
+        line(False, "database", str(exc))
+    llm = make_llm(config)
+    if llm is None:
+        line(False, "llm", "OPENAI_API_KEY is not set")
+    else:
+        try:
+            line(True, "llm", f"{config.openai_base_url or 'https://api.openai.com/v1'}: {await llm.check()}")
+        except Exception as exc:              # any endpoint failure is a finding, not a crash
+            line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
+        finally:
+            await llm.close()
+    return 1 if failed else 0

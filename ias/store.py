@@ -28,7 +28,7 @@ SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
-INSTANCE_LOCK = 7308199102       # advisory lock held by the running daemon
+INSTANCE_LOCK = 730819         # advisory lock (with the schema's hash) held by the running daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +163,8 @@ class Store:
     async def lock_instance(self) -> bool:
         """Hold a session advisory lock for the life of the daemon; False if another holds it."""
         conn = await self._connect()
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (INSTANCE_LOCK,))
+        # Per database (advisory locks are) and per schema, so separate installations never collide.
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema())) AS ok", (INSTANCE_LOCK,))
         if not (await cur.fetchone())["ok"]:
             await conn.close()
             return False
@@ -275,3 +276,54 @@ class Store:
         async with self._conn() as conn:
             await conn.execute("UPDATE pending_approvals SET result = %s WHERE id = %s AND result IS NULL",
                                (Jsonb(result), approval_id))
+
+    # -- conversation history ---------------------------------------------------------------
+    async def append_messages(self, user_id: str, messages: list[dict]) -> None:
+        """Append chat messages (OpenAI message dicts) to the user's history, in order, atomically."""
+        if not messages:
+            return
+        async with self._tx() as conn:
+            async with conn.cursor() as cur:
+                await cur.executemany("INSERT INTO messages (user_id, message) VALUES (%s, %s)",
+                                      [(user_id, Jsonb(m)) for m in messages])
+
+    async def recent_messages(self, user_id: str, limit: int) -> list[dict]:
+        """The user's newest `limit` messages, oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT message FROM (SELECT id, message FROM messages WHERE user_id = %s ORDER BY id DESC LIMIT %s) m "
+                "ORDER BY id", (user_id, limit))
+            return [row["message"] for row in await cur.fetchall()]
+
+    async def clear_messages(self, user_id: str) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute("DELETE FROM messages WHERE user_id = %s", (user_id,))
+            return cur.rowcount
+
+    # -- channel state --------------------------------------------------------------------
+    async def get_state(self, channel: str, key: str) -> Any:
+        """A channel's stored JSON value for `key`, or None."""
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT value FROM channel_state WHERE channel = %s AND key = %s", (channel, key))
+            row = await cur.fetchone()
+            return None if row is None else row["value"]
+
+    async def set_state(self, channel: str, key: str, value: Any) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO channel_state (channel, key, value) VALUES (%s, %s, %s) "
+                "ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, updated_at = clock_timestamp()",
+                (channel, key, Jsonb(value)))
+
+    async def clear_state(self, channel: str) -> None:
+        """Forget everything a channel stored (logout)."""
+        async with self._conn() as conn:
+            await conn.execute("DELETE FROM channel_state WHERE channel = %s", (channel,))
+
+    async def mark_seen(self, channel: str, message_id: str) -> bool:
+        """Record an inbound message id; False when it was already handled (a redelivery)."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "INSERT INTO seen_messages (channel, message_id) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+                (channel, message_id))
+            return await cur.fetchone() is not None

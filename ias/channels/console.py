@@ -18,12 +18,11 @@ class ConsoleChannel(Channel):
 
     name = "console"
 
-    def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 prompt: bool = False):
+    def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None):
         self.user_id = user_id
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
-        self.prompt = prompt
+        self.started = False
         self.closed = asyncio.Event()        # set when stdin reaches EOF
         self._thread: threading.Thread | None = None
 
@@ -36,6 +35,7 @@ class ConsoleChannel(Channel):
 
     async def start(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
+        self.started = True
 
         def pump() -> None:
             for line in self.stdin:

@@ -1,0 +1,91 @@
+"""The LLM endpoint: chat completions with tools on `openai.AsyncOpenAI`, with our own retries.
+
+The SDK's own retries are switched off so that the delays are ours (named in limits, and
+injectable for tests). Every failure ends as LLMError; its text is for the log only — the
+owner gets one short apology from the agent, never an exception string.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import openai
+
+from .errors import IasError
+from .limits import LLM_RETRY_DELAYS, LLM_TIMEOUT
+
+log = logging.getLogger(__name__)
+
+
+class LLMError(IasError):
+    """The endpoint failed after all retries (or refused for good, e.g. a bad key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str          # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+
+    def message(self) -> dict:
+        """This reply as an assistant message for the conversation."""
+        message: dict = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in self.tool_calls]
+        return message
+
+
+# Worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not.
+_TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+              openai.InternalServerError, openai.ConflictError)
+
+
+class LLM:
+    """One OpenAI-compatible endpoint and model."""
+
+    def __init__(self, api_key: str, base_url: str | None, model: str,
+                 retry_delays: tuple[float, ...] = LLM_RETRY_DELAYS, timeout: float = LLM_TIMEOUT):
+        self.client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        self.model = model
+        self.retry_delays = retry_delays
+
+    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        """One chat completion; transient failures are retried with backoff, then LLMError."""
+        for attempt in range(len(self.retry_delays) + 1):
+            try:
+                response = await self.client.chat.completions.create(
+                    model=self.model, messages=messages, **({"tools": tools} if tools else {}))
+                break
+            except _TRANSIENT as exc:
+                if attempt == len(self.retry_delays):
+                    raise LLMError(f"LLM endpoint failed {attempt + 1} times: {type(exc).__name__}") from exc
+                log.warning("LLM request failed (%s), retrying in %.1fs", type(exc).__name__, self.retry_delays[attempt])
+                await asyncio.sleep(self.retry_delays[attempt])
+            except openai.APIError as exc:
+                raise LLMError(f"LLM endpoint refused the request: {type(exc).__name__} "
+                               f"{getattr(exc, 'status_code', '')}") from exc
+        if not response.choices:
+            raise LLMError("LLM endpoint returned no choices")
+        message = response.choices[0].message
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments or "{}")
+                      for c in (message.tool_calls or []) if c.type == "function")
+        return Reply(message.content, calls)
+
+    async def check(self) -> str:
+        """For `doctor`: list the endpoint's models; returns a short description."""
+        models = await self.client.models.list()
+        names = [m.id for m in models.data]
+        found = "found" if self.model in names else "not listed"
+        return f"{len(names)} models, {self.model} {found}"
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,68 @@
+"""The inbound router: approval replies to the approval, everything else to the agent, one turn at a time.
+
+While a user has a pending approval, their messages go to it and never reach the model. A
+code-shaped message with nothing pending is intercepted too, so a late or mistyped code never
+lands in the model's context.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .agent import Agent
+from .approval import Approvals, parse_reply
+from .channels.base import Channel, Inbound
+
+log = logging.getLogger(__name__)
+
+FAILED = "抱歉，处理这条消息时出错了，请稍后再试。"
+NOTHING_PENDING = "当前没有等待确认的操作。"
+
+
+class Router:
+    """Dispatches inbound messages from every channel; replies go back on the channel they came from."""
+
+    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel]):
+        self.approvals = approvals
+        self.agent = agent
+        self.channels = channels
+        self._turns: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def dispatch(self, message: Inbound) -> None:
+        """Handle one message; never raises (a failure is logged and the owner told briefly)."""
+        channel = self.channels[message.channel]
+        try:
+            answer = await self.approvals.redeem(message.user_id, message.text)
+            if answer is None and parse_reply(message.text) == "code":
+                answer = NOTHING_PENDING
+            if answer is not None:
+                await channel.send(message.user_id, answer)
+                return
+            async with self._turns.setdefault(message.user_id, asyncio.Lock()):
+                async def notify(text: str) -> bool:
+                    return await channel.send(message.user_id, text)
+                reply = await self.agent.turn(message.user_id, message.text, notify)
+            if reply:
+                await channel.send(message.user_id, reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
+            await channel.send(message.user_id, FAILED)
+
+    async def deliver(self, message: Inbound) -> None:
+        """The channels' callback: dispatch, tracking the task so shutdown can cancel it."""
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await self.dispatch(message)
+        finally:
+            self._tasks.discard(task)
+
+    async def cancel(self) -> None:
+        """Shutdown: cancel turns in flight."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

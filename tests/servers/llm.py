@@ -1,0 +1,111 @@
+"""A local OpenAI-compatible endpoint: chat completions (with tools) scripted per test.
+
+Each POST to /v1/chat/completions takes the next scripted step: a reply (text and/or tool
+calls) or an HTTP error status. Every request body is recorded, so tests can check what the
+model was sent. `assert_complete()` fails when scripted steps were left unused.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def text(content: str) -> dict:
+    return {"content": content}
+
+
+def calls(*tool_calls: tuple[str, dict | str]) -> dict:
+    """A reply asking for tool calls: (name, arguments) pairs; arguments may be raw text."""
+    return {"tool_calls": [(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+                           for name, args in tool_calls]}
+
+
+def error(status: int) -> dict:
+    return {"status": status}
+
+
+class LLMServer:
+    """Start with `with LLMServer() as server:`; `server.base_url` is for OPENAI_BASE_URL."""
+
+    def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False):
+        self.steps = list(steps or [])
+        self.repeat_last = repeat_last
+        self.requests: list[dict] = []
+        self.raw: list[bytes] = []
+        self._lock = threading.Lock()
+        self._calls = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": "test-model", "object": "model",
+                                                                  "created": 0, "owned_by": "test"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    return self._send(404, {"error": {"message": "not found"}})
+                if self.headers.get("Authorization", "") != "Bearer sk-test":
+                    return self._send(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
+                step = server._next(raw)
+                if "status" in step:
+                    return self._send(step["status"], {"error": {"message": "scripted failure", "type": "server_error"}})
+                self._send(200, server._completion(step))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def _next(self, raw: bytes) -> dict:
+        with self._lock:
+            self.raw.append(raw)
+            self.requests.append(json.loads(raw))
+            if not self.steps:
+                raise AssertionError("the model was called more often than scripted")
+            step = self.steps[0] if (self.repeat_last and len(self.steps) == 1) else self.steps.pop(0)
+            self._calls += 1
+            return step
+
+    def _completion(self, step: dict) -> dict:
+        message: dict = {"role": "assistant", "content": step.get("content")}
+        finish = "stop"
+        if step.get("tool_calls"):
+            message["tool_calls"] = [{"id": f"call_{self._calls}_{i}", "type": "function",
+                                      "function": {"name": name, "arguments": args}}
+                                     for i, (name, args) in enumerate(step["tool_calls"])]
+            finish = "tool_calls"
+        return {"id": f"chatcmpl-{self._calls}", "object": "chat.completion", "created": 0, "model": "test-model",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    def script(self, *steps: dict) -> None:
+        with self._lock:
+            self.steps.extend(steps)
+
+    def assert_complete(self) -> None:
+        if self.steps and not self.repeat_last:
+            raise AssertionError(f"{len(self.steps)} scripted model replies were never requested")
+
+    def __enter__(self) -> "LLMServer":
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

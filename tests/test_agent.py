@@ -1,0 +1,214 @@
+"""The agent with the real `openai` client against a local OpenAI-compatible server."""
+import asyncio
+import json
+import os
+import threading
+import unittest
+from datetime import datetime, timezone
+
+from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, Agent, system_prompt
+from ias.channels.base import Inbound
+from ias.channels.console import ConsoleChannel
+from ias.llm import LLM
+from ias.router import NOTHING_PENDING, Router
+from ias.skills import load_registry
+from tests.servers.llm import LLMServer, calls, error, text
+from tests.support import FIXTURES, REPO, GateTestCase
+
+FIXED_NOW = datetime(2026, 12, 2, 1, 30, tzinfo=timezone.utc)       # 09:30 Beijing, a Wednesday
+
+
+class Screen:
+    """A console's stdout: collects what was written and wakes waiters."""
+
+    def __init__(self):
+        self.text = ""
+        self.changed = asyncio.Event()
+
+    def write(self, s: str) -> None:
+        self.text += s
+        self.changed.set()
+
+    def flush(self) -> None:
+        pass
+
+    async def wait_for(self, needle: str, timeout: float = 10) -> None:
+        async def loop():
+            while needle not in self.text:
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(loop(), timeout)
+
+
+class AgentTestCase(GateTestCase):
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.registry = load_registry(REPO / "resources" / "skills", FIXTURES / "gate")
+        self.gate.registry = self.registry
+        self.server = LLMServer().__enter__()
+        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
+        self.agent = Agent(self.registry, self.gate, self.store, self.llm, now=lambda: FIXED_NOW)
+
+    async def asyncTearDown(self):
+        await self.llm.close()
+        await asyncio.to_thread(self.server.__exit__)
+        await super().asyncTearDown()
+
+    def tool_messages(self, request: int = -1) -> list[dict]:
+        return [m for m in self.server.requests[request]["messages"] if m["role"] == "tool"]
+
+
+class ChatTest(AgentTestCase):
+    async def test_plain_answer(self):
+        self.server.script(text("你好，主人。"))
+        self.assertEqual(await self.agent.turn("owner", "你好", None), "你好，主人。")
+        [request] = self.server.requests
+        self.assertEqual(request["model"], "test-model")
+        system = request["messages"][0]
+        self.assertEqual(system["role"], "system")
+        self.assertIn("北京时间 2026-12-02 09:30，星期三", system["content"])
+        self.assertEqual(request["messages"][1:], [{"role": "user", "content": "你好"}])
+        names = {t["function"]["name"] for t in request["tools"]}
+        self.assertLessEqual({"get_current_datetime", "echo_low", "mark_high"}, names)
+        self.server.assert_complete()
+
+    async def test_one_tool_call(self):
+        self.server.script(calls(("get_current_datetime", {"format": "date"})), text("今天是星期三。"))
+        self.assertEqual(await self.agent.turn("owner", "今天星期几", None), "今天是星期三。")
+        [tool] = self.tool_messages()
+        result = json.loads(tool["content"])
+        self.assertTrue(result["success"])
+        self.assertRegex(result["datetime"], r"^\d{4}-\d\d-\d\d 星期.$")
+        assistant = self.server.requests[1]["messages"][-2]
+        self.assertEqual(assistant["tool_calls"][0]["id"], tool["tool_call_id"])
+        self.server.assert_complete()
+
+    async def test_two_tool_calls_in_one_response(self):
+        self.server.script(calls(("echo_low", {"text": "a"}), ("echo_low", {"text": "b"})), text("done"))
+        self.assertEqual(await self.agent.turn("owner", "echo twice", None), "done")
+        self.assertEqual([json.loads(t["content"]) for t in self.tool_messages()],
+                         [{"success": True, "output": "a"}, {"success": True, "output": "b"}])
+
+    async def test_invalid_arguments_and_unknown_tool(self):
+        self.server.script(calls(("echo_low", {"text": 5}), ("echo_low", "{not json"), ("no_such_tool", {})),
+                           text("sorry"))
+        await self.agent.turn("owner", "x", None)
+        results = [json.loads(t["content"]) for t in self.tool_messages()]
+        self.assertTrue(results[0]["error"].startswith("参数错误：$.text: expected string"), results[0])
+        self.assertTrue(results[1]["error"].startswith("参数错误：$: arguments are not valid JSON"), results[1])
+        self.assertEqual(results[2], {"success": False, "error": "未知技能：no_such_tool"})
+
+    async def test_500_then_200(self):
+        self.server.script(error(500), text("recovered"))
+        self.assertEqual(await self.agent.turn("owner", "hi", None), "recovered")
+        self.assertEqual(len(self.server.requests), 2)
+
+    async def test_endpoint_down_gives_one_short_apology(self):
+        self.server.script(error(500), error(502), error(503))
+        reply = await self.agent.turn("owner", "hi", None)
+        self.assertEqual(reply, APOLOGY)
+        self.assertNotIn("Error", reply)
+
+    async def test_bad_key_is_not_retried(self):
+        bad = LLM("sk-wrong", self.server.base_url, "test-model", retry_delays=(0.01,))
+        agent = Agent(self.registry, self.gate, self.store, bad)
+        self.assertEqual(await agent.turn("owner", "hi", None), APOLOGY)
+        self.assertEqual(self.server.requests, [])
+        await bad.close()
+
+    async def test_round_limit(self):
+        self.server.repeat_last = True      # the model asks for a tool call forever
+        self.server.script(calls(("echo_low", {"text": "again"})))
+        self.assertEqual(await self.agent.turn("owner", "loop", None), TOO_MANY_ROUNDS)
+        self.assertEqual(len(self.server.requests), 8)
+
+    async def test_history_across_turns_and_reset(self):
+        self.server.script(calls(("echo_low", {"text": "first"})), text("one"), text("two"), text("three"))
+        await self.agent.turn("owner", "turn 1", None)
+        await self.agent.turn("owner", "turn 2", None)
+        second = self.server.requests[2]["messages"]
+        self.assertEqual([m["role"] for m in second], ["system", "user", "assistant", "tool", "assistant", "user"])
+        self.assertEqual(second[1]["content"], "turn 1")
+        self.assertEqual(second[4]["content"], "one")
+        self.assertEqual(await self.agent.turn("owner", "/reset", None), "对话记录已清空。")
+        await self.agent.turn("owner", "turn 3", None)
+        self.assertEqual([m["role"] for m in self.server.requests[3]["messages"]], ["system", "user"])
+        # Another user's history is separate.
+        self.assertEqual(await self.store.recent_messages("someone", 10), [])
+
+    async def test_window_never_starts_with_an_orphan_tool_result(self):
+        self.agent.window = 3
+        self.server.script(calls(("echo_low", {"text": "x"})), text("one"), text("two"))
+        await self.agent.turn("owner", "turn 1", None)     # user, assistant+call, tool, assistant
+        await self.agent.turn("owner", "turn 2", None)
+        roles = [m["role"] for m in self.server.requests[2]["messages"]]
+        self.assertEqual(roles, ["system", "user"])
+
+    async def test_commands_need_no_llm(self):
+        agent = Agent(self.registry, self.gate, self.store, None)
+        self.assertEqual(await agent.turn("owner", "/help", None), HELP)
+        self.assertIn("mark_high（高风险）", await agent.turn("owner", "/skills", None))
+        out = await agent.turn("owner", '/run echo_low {"text": "hey"}', None)
+        self.assertEqual(json.loads(out), {"success": True, "output": "hey"})
+        self.assertIn("未知命令：/nope", await agent.turn("owner", "/nope", None))
+        self.assertEqual(await agent.turn("owner", "hello", None), NO_LLM)
+        self.assertEqual(self.server.requests, [])
+
+    def test_system_prompt_time(self):
+        self.assertIn("2026-12-03 07:59", system_prompt(datetime(2026, 12, 2, 23, 59, tzinfo=timezone.utc)))
+
+
+class ApprovalThroughConsoleTest(AgentTestCase):
+    """A High call asked for and answered over the real console channel, via the router."""
+
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        read_fd, self.write_fd = os.pipe()
+        self.stdin = os.fdopen(read_fd, "r")
+        self.screen = Screen()
+        self.console = ConsoleChannel("owner", stdin=self.stdin, stdout=self.screen)
+        self.router = Router(self.approvals, self.agent, {"console": self.console})
+        await self.console.start(self.router.deliver)
+
+    async def asyncTearDown(self):
+        os.close(self.write_fd)
+        await self.console.stop()
+        await asyncio.wait_for(self.console.closed.wait(), 5)     # the reader saw EOF
+        self.stdin.close()
+        await super().asyncTearDown()
+
+    def type(self, line: str) -> None:
+        os.write(self.write_fd, (line + "\n").encode())
+
+    async def test_approved(self):
+        self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "ok"})), text("已完成。"))
+        self.type("请标记一下")
+        await self.screen.wait_for("回复确认码以继续")
+        code = self.screen.text.split("确认码：")[1][:6]
+        self.type(code)
+        await self.screen.wait_for("已完成。")
+        self.assertEqual(self.runs(), 1)
+        self.assertEqual(json.loads(self.tool_messages()[0]["content"]), {"success": True, "note": "ok"})
+        for raw in self.server.raw:
+            self.assertNotIn(code.encode(), raw)
+        history = json.dumps(await self.store.recent_messages("owner", 50), ensure_ascii=False)
+        self.assertNotIn(code, history)
+        # A code typed when nothing is pending never reaches the model.
+        requests = len(self.server.requests)
+        self.type(code)
+        await self.screen.wait_for(NOTHING_PENDING)
+        self.assertEqual(len(self.server.requests), requests)
+
+    async def test_rejected(self):
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("好的，已取消。"))
+        self.type("请标记一下")
+        await self.screen.wait_for("回复确认码以继续")
+        self.type("取消")
+        await self.screen.wait_for("好的，已取消。")
+        self.assertEqual(self.runs(), 0)
+        self.assertEqual(self.tool_messages()[0]["content"],
+                         json.dumps({"success": False, "error": "用户拒绝了你的调用：mark_high"}, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    unittest.main()
