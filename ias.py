@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
 """Entry point: `python ias.py …` is the same as the installed `ias` command."""
-import sys
-
-from ias.cli import main
+from ias.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

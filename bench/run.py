@@ -140,12 +140,92 @@ async def bench_gate() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench_agent() -> None:
+    """--once wall time and peak RSS, request size, and the daemon at idle, against a local endpoint."""
+    import json
+    import signal
+    import socket
+    from tests.servers.llm import LLMServer, calls, text
+    from tests.support import drop_schema, fresh_schema_dsn
+
+    dsn, schema_name = fresh_schema_dsn()
+    tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_", "NOTIFY_"))}
+    env.update({"IAS_DATABASE_URL": dsn, "IAS_DATA_DIR": str(tmp), "OPENAI_API_KEY": "sk-test"})
+    try:
+        with LLMServer([text("ok")]) as server:
+            env["OPENAI_BASE_URL"] = server.base_url
+            subprocess.run([sys.executable, str(REPO / "ias.py"), "--once", "hi"], env=env, check=True,
+                           capture_output=True, cwd=tmp)          # schema applied, caches warm
+
+            def once(*steps) -> tuple[float, float]:
+                server.script(*steps)
+                start = time.perf_counter()
+                proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "--once", "现在几点"], env=env,
+                                        stdout=subprocess.DEVNULL, cwd=tmp)
+                _, status, usage = os.wait4(proc.pid, 0)
+                assert status == 0, status
+                return time.perf_counter() - start, usage.ru_maxrss / 1024
+
+            plain = [once(text("现在是九点。")) for _ in range(5)]
+            tool = [once(calls(("get_current_datetime", {})), text("九点。")) for _ in range(5)]
+            start = time.perf_counter()
+            for _ in range(5):
+                subprocess.run([sys.executable, "-c", "import openai"], check=True)
+            openai_import = (time.perf_counter() - start) / 5 * 1000
+            wall = statistics.median(t for t, _ in plain) * 1000
+            peak = max(m for _, m in plain)
+            report(f"--once plain answer: {wall:.0f} ms wall, {peak:.0f} MB peak (of which `python -c 'import openai'` "
+                   f"alone {openai_import:.0f} ms; target <= 900 ms, <= 70 MB)", wall <= 900 and peak <= 70)
+            wall = statistics.median(t for t, _ in tool) * 1000
+            report(f"--once with one Low tool call: {wall:.0f} ms wall (target <= 1200 ms)", wall <= 1200)
+            size = len(server.raw[-1])
+            first = len(server.raw[-2])
+            report(f"request size: {first:,} bytes with {len(json.loads(server.raw[-2])['tools'])} tools; "
+                   f"{size:,} bytes with one tool round in the history (target <= 8 KB)", first <= 8192)
+
+        sock_path = str(tmp / "notify.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+            listener.bind(sock_path)
+            listener.settimeout(30)
+            proc = subprocess.Popen([sys.executable, str(REPO / "ias.py")], env={**env, "NOTIFY_SOCKET": sock_path},
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+            try:
+                listener.recv(64)                          # READY=1
+                time.sleep(1)
+                cpu0 = _cpu_seconds(proc.pid)
+                time.sleep(10)
+                cpu = _cpu_seconds(proc.pid) - cpu0
+                rss = _rss_mb(proc.pid)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=15)
+        report(f"daemon idle: {rss:.0f} MB RSS, {cpu:.3f} s CPU in 10 s (targets <= 80 MB, <= 0.02 s)",
+               rss <= 80 and cpu <= 0.02)
+    finally:
+        drop_schema(schema_name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     print(f"iAs bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
     bench_registry()
     bench_validator()
     bench_cold_start()
     asyncio.run(bench_gate())
+    bench_agent()
     missed = [line for line, ok in RESULTS if not ok]
     print(f"\n{len(RESULTS) - len(missed)} of {len(RESULTS)} figures within target")
     return 0

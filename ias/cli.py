@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from . import config as config_module
@@ -190,3 +191,19 @@ async def cmd_doctor(config) -> int:
         finally:
             await llm.close()
     return 1 if failed else 0
+
+
+def run() -> None:
+    """Entry point: `main`, then exit without tearing the interpreter down.
+
+    Everything is closed by then; skipping the teardown of the `openai`/pydantic module graph
+    saves ~0.3 s on every `--once`.
+    """
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)

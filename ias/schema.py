@@ -18,15 +18,19 @@ uniqueItems use JSON equality (1 == 1.0, True != 1); when a value has the wrong
 `type`, the other keywords of that schema are not reported for it; anyOf/oneOf failures
 give one summarizing error (or the errors of the only alternative whose type fits).
 
+Defaults: apply_defaults() fills absent properties from `default`, following properties,
+additionalProperties and items (not allOf/anyOf/oneOf/not); a filled-in default object
+gets its own nested defaults too. check() validates every `default` against its schema.
+
 Compilation and caching: compile(schema) checks the schema and turns it into nested
-closures once, returning a function instance -> errors; hold it for repeated use (the
-closures copy what they need, so later edits to the schema do not affect it; compiling
-costs tens of microseconds, validating a typical call a microsecond or two). validate() keeps a
-bounded cache (cleared when full) keyed by id(schema); each entry holds a reference to
-the schema, so its id cannot be reused while cached, plus a deep copy, and is used only
-while the schema still compares equal to that copy, so in-place edits are picked up.
-Python's == treats 1, 1.0 and True alike, so an edit that only swaps such values goes
-unnoticed: compile() again after that kind of change.
+closures once, returning a function instance -> errors; hold it on hot paths. The closures
+copy what they need, so later edits to the schema do not affect a compiled validator.
+Compiling takes tens of microseconds; validating a typical call, one or two.
+validate() keeps a cache of at most CACHE_MAX entries (cleared when full) keyed by
+id(schema). Each entry holds a reference to the schema, so its id cannot be reused while
+cached, plus a deep copy; the entry is used only while the schema still compares equal to
+that copy, so in-place edits are picked up. Python's == treats 1, 1.0 and True alike, so
+an edit that only swaps such values goes unnoticed: compile() again after such a change.
 """
 from __future__ import annotations
 
@@ -46,8 +50,9 @@ _KIND = {str: "string", int: "integer", float: "number", bool: "boolean",
          type(None): "null", dict: "object", list: "array"}
 _MISSING = object()
 
-# A node checks one value: node(value, path, errors) appends "path: message" strings.
-Node = Callable[[Any, str, list], None]
+# A node checks one value: node(value, path, seg, errors) appends "path: message" strings,
+# where the value's path is path + seg (joined only when needed, mostly for messages).
+Node = Callable[[Any, str, str, list], None]
 
 
 class SchemaError(ValueError):
@@ -71,12 +76,13 @@ def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public nam
     def validator(instance: Any) -> list[str]:
         """Return the instance's errors as `path: message` strings; empty means valid."""
         errors: list[str] = []
-        node(instance, "$", errors)
+        node(instance, "$", "", errors)
         return errors
     return validator
 
 
-_cache: dict[int, tuple[Any, Any, Validator]] = {}
+# id(schema) -> (schema, deep copy of it, root node); see the module docstring.
+_cache: dict[int, tuple[Any, Any, Node]] = {}
 
 
 def validate(instance: Any, schema: Any) -> list[str]:
@@ -84,14 +90,20 @@ def validate(instance: Any, schema: Any) -> list[str]:
 
     Raises SchemaError when the schema itself is invalid (see check()).
     """
+    errors: list[str] = []
     entry = _cache.get(id(schema))
     if entry is not None and entry[1] == schema:
-        return entry[2](instance)
-    validator = compile(schema)
+        entry[2](instance, "$", "", errors)
+        return errors
+    problems = check(schema)
+    if problems:
+        raise SchemaError(problems)
+    node = _compile(schema)[0]
     if len(_cache) >= CACHE_MAX:
         _cache.clear()
-    _cache[id(schema)] = (schema, copy.deepcopy(schema), validator)
-    return validator(instance)
+    _cache[id(schema)] = (schema, copy.deepcopy(schema), node)
+    node(instance, "$", "", errors)
+    return errors
 
 
 def apply_defaults(instance: Any, schema: Any) -> Any:
@@ -261,8 +273,9 @@ _FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
 # overhead, not the checks themselves, dominates validation time.
 
 class _Meta:
-    """A compiled schema: its node, the JSON types it accepts (None = any) and, when the
-    node checks nothing but the type, the Python types that pass without calling it."""
+    """A compiled schema with what anyOf/oneOf and parents need to know about it."""
+    # kinds: JSON types accepted (None = any); leaf: when the node checks nothing but the
+    # type, the Python types that pass without calling it.
     __slots__ = ("node", "kinds", "int_floats", "leaf")
 
     def __init__(self, node: Node, kinds: frozenset | None, int_floats: bool,
@@ -277,13 +290,13 @@ class _Meta:
         return k in self.kinds or (self.int_floats and k == "number" and x.is_integer())
 
 
-def _accept(x: Any, path: str, errors: list) -> None:
+def _accept(x: Any, path: str, seg: str, errors: list) -> None:
     """The `true` schema."""
 
 
-def _reject(x: Any, path: str, errors: list) -> None:
+def _reject(x: Any, path: str, seg: str, errors: list) -> None:
     """The `false` schema."""
-    errors.append(f"{path}: not allowed")
+    errors.append(f"{path}{seg}: not allowed")
 
 
 _NONE: frozenset = frozenset()
@@ -354,12 +367,12 @@ def _compile_meta(schema: Any) -> _Meta:
     expected = " or ".join(names)
     fast = frozenset(t for k in kinds for t in _PY_TYPES[k])
 
-    def type_ok(x, path, errors):
+    def type_ok(x, path, seg, errors):
         """Slow path for subclasses and integral floats: report and return False on a mismatch."""
         k = _KIND.get(type(x)) or _kind(x)
         if k in kinds or (int_floats and k == "number" and x.is_integer()):
             return True
-        errors.append(f"{path}: expected {expected}, got {k}")
+        errors.append(f"{path}{seg}: expected {expected}, got {k}")
         return False
 
     if len(families) == 1:
@@ -391,33 +404,33 @@ def _mk_untyped(parts: dict[str, Node], tail: tuple[Node, ...]) -> Node:
         if len(tail) == 1:
             return tail[0]
 
-        def node(x, path, errors):
+        def node(x, path, seg, errors):
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
         return node
     get = parts.get
 
-    def node(x, path, errors):
+    def node(x, path, seg, errors):
         fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
         if fn is not None:
-            fn(x, path, errors)
+            fn(x, path, seg, errors)
         for c in tail:
-            c(x, path, errors)
+            c(x, path, seg, errors)
     return node
 
 
 def _mk_typed(fast: frozenset, type_ok: Callable, tail: tuple[Node, ...]) -> Node:
     """Node for a typed schema with no type-specific keywords."""
     if not tail:
-        def node(x, path, errors):
+        def node(x, path, seg, errors):
             if type(x) not in fast:
-                type_ok(x, path, errors)
+                type_ok(x, path, seg, errors)
         return node
 
-    def node(x, path, errors):
-        if type(x) in fast or type_ok(x, path, errors):
+    def node(x, path, seg, errors):
+        if type(x) in fast or type_ok(x, path, seg, errors):
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return node
 
 
@@ -426,13 +439,13 @@ def _mk_dispatch(parts: dict[str, Node], fast: frozenset, type_ok: Callable,
     """Node for a schema allowing several types (e.g. ["string", "null"])."""
     get = parts.get
 
-    def node(x, path, errors):
-        if type(x) in fast or type_ok(x, path, errors):
+    def node(x, path, seg, errors):
+        if type(x) in fast or type_ok(x, path, seg, errors):
             fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
             if fn is not None:
-                fn(x, path, errors)
+                fn(x, path, seg, errors)
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return node
 
 
@@ -441,6 +454,7 @@ def _mk_dispatch(parts: dict[str, Node], fast: frozenset, type_ok: Callable,
 
 def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                tail: tuple[Node, ...], values: bool) -> Node:
+    """String keywords, plus enum/const when `values`."""
     get = schema.get
     allowed, enum_msg, want, const_msg = _values(schema, values)
     valued = allowed is not None or want is not _MISSING
@@ -458,30 +472,31 @@ def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     guard = fast is not None
 
     # Keywords are grouped behind one flag each: absent groups cost a single test.
-    def string_node(x, path, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, errors):
+    def string_node(x, path, seg, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
             return
         if sized and not lo <= len(x) <= hi:
-            errors.append(f"{path}: {lo_msg if len(x) < lo else hi_msg}")
+            errors.append(f"{path}{seg}: {lo_msg if len(x) < lo else hi_msg}")
         if matched:
             if search is not None and search(x) is None:
-                errors.append(f"{path}: {pattern_msg}")
+                errors.append(f"{path}{seg}: {pattern_msg}")
             if test is not None and not test(x):
-                errors.append(f"{path}: {format_msg}")
+                errors.append(f"{path}{seg}: {format_msg}")
         if valued:
             # A str is its own canonical form (see _canon).
             if allowed is not None and x not in allowed:
-                errors.append(f"{path}: {enum_msg}")
+                errors.append(f"{path}{seg}: {enum_msg}")
             if want is not _MISSING and x != want:
-                errors.append(f"{path}: {const_msg}")
+                errors.append(f"{path}{seg}: {const_msg}")
         if tail:
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return string_node
 
 
 def _mk_number(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                tail: tuple[Node, ...], values: bool) -> Node:
+    """Number keywords, plus enum/const when `values`."""
     get = schema.get
     allowed, enum_msg, want, const_msg = _values(schema, values)
     valued = allowed is not None or want is not _MISSING
@@ -499,16 +514,16 @@ def _mk_number(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     divisor_msg = f"must be a multiple of {_num(divisor)}"
     guard = fast is not None
 
-    def number_node(x, path, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, errors):
+    def number_node(x, path, seg, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
             return
         if bounded and not lo <= x <= hi:
-            errors.append(f"{path}: {min_msg if x < lo else max_msg}")
+            errors.append(f"{path}{seg}: {min_msg if x < lo else max_msg}")
         if exclusive:
             if ex_min is not None and x <= ex_min:
-                errors.append(f"{path}: {ex_min_msg}")
+                errors.append(f"{path}{seg}: {ex_min_msg}")
             if ex_max is not None and x >= ex_max:
-                errors.append(f"{path}: {ex_max_msg}")
+                errors.append(f"{path}{seg}: {ex_max_msg}")
         if divisor is not None:
             if int_divisor and type(x) is int:
                 ok = x % divisor == 0
@@ -518,16 +533,16 @@ def _mk_number(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                 except (ValueError, OverflowError):  # inf, nan
                     ok = False
             if not ok:
-                errors.append(f"{path}: {divisor_msg}")
+                errors.append(f"{path}{seg}: {divisor_msg}")
         if valued:
             # An int or float is its own canonical form (see _canon).
             if allowed is not None and x not in allowed:
-                errors.append(f"{path}: {enum_msg}")
+                errors.append(f"{path}{seg}: {enum_msg}")
             if want is not _MISSING and x != want:
-                errors.append(f"{path}: {const_msg}")
+                errors.append(f"{path}{seg}: {const_msg}")
         if tail:
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return number_node
 
 
@@ -538,6 +553,7 @@ def _fraction(x: int | float) -> Fraction:
 
 def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                tail: tuple[Node, ...], values: bool) -> Node:
+    """properties, required and additionalProperties."""
     get = schema.get
     required = tuple(get("required", ()))
     # name -> (path segment, node, Python types that pass without calling the node)
@@ -555,32 +571,33 @@ def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     guard = fast is not None
     required_set = frozenset(required)
 
-    def object_node(x, path, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, errors):
+    def object_node(x, path, seg, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
             return
         if required and not x.keys() >= required_set:
             for name in required:
                 if name not in x:
-                    errors.append(f"{path}: missing required property '{name}'")
+                    errors.append(f"{path}{seg}: missing required property '{name}'")
         if scan:
+            here = path + seg
             for k, v in x.items():
                 p = member(k, _MISSING)
                 if p is _MISSING:
                     if forbid_extra:
-                        seg = "." + k if type(k) is str and k.isidentifier() else _seg(k)
-                        errors.append(f"{path}{seg}: additional property not allowed")
+                        errors.append(f"{here}{_seg(k)}: additional property not allowed")
                     elif extra_node is not None:
-                        extra_node(v, path + _seg(k), errors)
+                        extra_node(v, here, _seg(k), errors)
                 elif p is not None and type(v) not in p[2]:
-                    p[1](v, path + p[0], errors)
+                    p[1](v, here, p[0], errors)
         if tail:
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return object_node
 
 
 def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
               tail: tuple[Node, ...], values: bool) -> Node:
+    """items, minItems, maxItems and uniqueItems."""
     get = schema.get
     lo = int(get("minItems", 0)) or None
     hi = None if get("maxItems") is None else int(get("maxItems"))
@@ -592,34 +609,35 @@ def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     hi_msg = f"must contain at most {_plural(hi or 0, 'item')}"
     guard = fast is not None
 
-    def array_node(x, path, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, errors):
+    def array_node(x, path, seg, errors):
+        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
             return
         if lo is not None and len(x) < lo:
-            errors.append(f"{path}: {lo_msg}")
+            errors.append(f"{path}{seg}: {lo_msg}")
         if hi is not None and len(x) > hi:
-            errors.append(f"{path}: {hi_msg}")
+            errors.append(f"{path}{seg}: {hi_msg}")
         if unique:
             seen: dict = {}
             for i, v in enumerate(x):
                 j = seen.setdefault(_canon(v), i)
                 if j != i:
-                    errors.append(f"{path}: items must be unique ([{j}] and [{i}] are equal)")
+                    errors.append(f"{path}{seg}: items must be unique ([{j}] and [{i}] are equal)")
                     break
         if item is not None:
+            here = path + seg
             if leaf is not None:
                 for i, v in enumerate(x):
                     if type(v) not in leaf:
-                        item(v, f"{path}[{i}]", errors)
+                        item(v, here, f"[{i}]", errors)
             elif len(x) <= len(_INDEX):
-                for v, seg in zip(x, _INDEX):
-                    item(v, path + seg, errors)
+                for v, index in zip(x, _INDEX):
+                    item(v, here, index, errors)
             else:
                 for i, v in enumerate(x):
-                    item(v, f"{path}[{i}]", errors)
+                    item(v, here, f"[{i}]", errors)
         if tail:
             for c in tail:
-                c(x, path, errors)
+                c(x, path, seg, errors)
     return array_node
 
 
@@ -641,28 +659,30 @@ _BUILDERS = {"string": _mk_string, "number": _mk_number, "object": _mk_object,
 
 
 def _mk_enum(values: list) -> Node:
+    """enum, for any type (JSON equality via _canon)."""
     allowed = frozenset(map(_canon, values))
     message = f"must be one of {_js(values)}"
 
-    def check_enum(x, path, errors):
+    def check_enum(x, path, seg, errors):
         t = type(x)
         # Strings and numbers are their own canonical form; skip the call for them.
         if (x if t is str or t is int or t is float else _canon(x)) not in allowed:
-            errors.append(f"{path}: {message}")
+            errors.append(f"{path}{seg}: {message}")
     return check_enum
 
 
 def _mk_const(value: Any) -> Node:
+    """const, for any type (JSON equality via _canon)."""
     want = _canon(value)
     message = f"must be equal to {_js(value)}"
 
-    def check_const(x, path, errors):
+    def check_const(x, path, seg, errors):
         if _canon(x) != want:
-            errors.append(f"{path}: {message}")
+            errors.append(f"{path}{seg}: {message}")
     return check_const
 
 
-def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str,
+def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str, seg: str,
               keyword: str, errors: list) -> None:
     """Report that no alternative of anyOf/oneOf matched, as helpfully as one line allows."""
     fitting = [i for i, m in enumerate(metas) if m.type_fits(x)]
@@ -674,53 +694,56 @@ def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str,
             for n in TYPE_NAMES:
                 if n in m.kinds and n not in names and not (n == "integer" and "number" in m.kinds):
                     names.append(n)
-        errors.append(f"{path}: expected {' or '.join(names)}, got {_kind(x)}")
+        errors.append(f"{path}{seg}: expected {' or '.join(names)}, got {_kind(x)}")
     else:
-        errors.append(f"{path}: does not match any of the {keyword} alternatives")
+        errors.append(f"{path}{seg}: does not match any of the {keyword} alternatives")
 
 
 def _mk_any_of(metas: list[_Meta]) -> Node:
+    """anyOf: stop at the first alternative that matches."""
     nodes = [m.node for m in metas]
 
-    def check_any_of(x, path, errors):
+    def check_any_of(x, path, seg, errors):
         failures = []
         for node in nodes:
             errs: list[str] = []
-            node(x, path, errs)
+            node(x, path, seg, errs)
             if not errs:
                 return
             failures.append(errs)
-        _no_match(metas, failures, x, path, "anyOf", errors)
+        _no_match(metas, failures, x, path, seg, "anyOf", errors)
     return check_any_of
 
 
 def _mk_one_of(metas: list[_Meta]) -> Node:
+    """oneOf: exactly one alternative must match."""
     nodes = [m.node for m in metas]
 
-    def check_one_of(x, path, errors):
+    def check_one_of(x, path, seg, errors):
         failures = []
         matched = []
         for i, node in enumerate(nodes):
             errs: list[str] = []
-            node(x, path, errs)
+            node(x, path, seg, errs)
             failures.append(errs)
             if not errs:
                 matched.append(i)
         if not matched:
-            _no_match(metas, failures, x, path, "oneOf", errors)
+            _no_match(metas, failures, x, path, seg, "oneOf", errors)
         elif len(matched) > 1:
             which = ", ".join(str(i) for i in matched)
-            errors.append(f"{path}: must match exactly one of the oneOf alternatives, "
+            errors.append(f"{path}{seg}: must match exactly one of the oneOf alternatives, "
                           f"but matches {len(matched)} ({which})")
     return check_one_of
 
 
 def _mk_not(inner: Node) -> Node:
-    def check_not(x, path, errors):
+    """not: the inner schema must fail."""
+    def check_not(x, path, seg, errors):
         errs: list[str] = []
-        inner(x, path, errs)
+        inner(x, path, seg, errs)
         if not errs:
-            errors.append(f"{path}: must not match the 'not' schema")
+            errors.append(f"{path}{seg}: must not match the 'not' schema")
     return check_not
 
 
@@ -757,22 +780,25 @@ def _check(schema: Any, path: str, out: list[str]) -> None:
             if _is_number(a) and _is_number(b) and a > b:
                 out.append(f"{path}: {low} {_js(a)} is greater than {high} {_js(b)}")
     if "default" in schema and len(out) == start:
-        _compile(schema)[0](schema["default"], path + ".default", out)
+        _compile(schema)[0](schema["default"], path + ".default", "", out)
 
 
 def _ck_type(value: Any, path: str, key: str, out: list[str]) -> None:
+    """type: a known name or a non-empty list of distinct known names."""
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         out.append(f"{path}.type: must be a type name or a non-empty list of type names")
         return
     for n in names:
         if n not in TYPE_NAMES:
-            out.append(f"{path}.type: unknown type {_q(n)} (expected one of {', '.join(TYPE_NAMES)})")
+            out.append(f"{path}.type: unknown type {_q(n)} "
+                       f"(expected one of {', '.join(TYPE_NAMES)})")
     if len(set(names)) != len(names):
         out.append(f"{path}.type: type names must not repeat")
 
 
 def _ck_properties(value: Any, path: str, key: str, out: list[str]) -> None:
+    """properties: an object of schemas."""
     if not isinstance(value, dict):
         out.append(f"{path}.properties: must be an object mapping names to schemas, "
                    f"got {_kind(value)}")
@@ -782,6 +808,7 @@ def _ck_properties(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_string_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    """required: a list of distinct strings."""
     if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
         out.append(f"{path}.{key}: must be a list of strings")
     elif len(set(value)) != len(value):
@@ -789,6 +816,7 @@ def _ck_string_list(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_subschema(value: Any, path: str, key: str, out: list[str]) -> None:
+    """additionalProperties, items, not: a schema."""
     if isinstance(value, list):
         out.append(f"{path}.{key}: must be a schema (object or boolean), got array"
                    + (" (tuple-form items is not supported)" if key == "items" else ""))
@@ -797,6 +825,7 @@ def _ck_subschema(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_schema_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    """anyOf, oneOf, allOf: a non-empty list of schemas."""
     if not isinstance(value, list) or not value:
         out.append(f"{path}.{key}: must be a non-empty list of schemas")
         return
@@ -805,6 +834,7 @@ def _ck_schema_list(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_enum(value: Any, path: str, key: str, out: list[str]) -> None:
+    """enum: a non-empty list."""
     if not isinstance(value, list):
         out.append(f"{path}.enum: must be a list, got {_kind(value)}")
     elif not value:
@@ -812,6 +842,7 @@ def _ck_enum(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_list(value: Any, path: str, key: str, out: list[str]) -> None:
+    """examples: a list."""
     if not isinstance(value, list):
         out.append(f"{path}.{key}: must be a list, got {_kind(value)}")
 
@@ -821,11 +852,13 @@ def _ck_any(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_string(value: Any, path: str, key: str, out: list[str]) -> None:
+    """description, title, format: a string."""
     if not isinstance(value, str):
         out.append(f"{path}.{key}: must be a string, got {_kind(value)}")
 
 
 def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
+    """minimum, maximum and the exclusive bounds: a finite number."""
     if not _is_number(value):
         out.append(f"{path}.{key}: must be a number, got {_kind(value)}")
     elif not math.isfinite(value):
@@ -833,21 +866,26 @@ def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
 
 
 def _ck_positive(value: Any, path: str, key: str, out: list[str]) -> None:
+    """multipleOf: a number greater than 0."""
     if not _is_number(value) or not math.isfinite(value) or not value > 0:
         out.append(f"{path}.{key}: must be a number greater than 0")
 
 
 def _ck_count(value: Any, path: str, key: str, out: list[str]) -> None:
-    if not _is_number(value) or value < 0 or not float(value).is_integer():
+    """minLength, maxLength, minItems, maxItems: a non-negative integer."""
+    if not (_is_number(value) and value >= 0
+            and (isinstance(value, int) or value.is_integer())):
         out.append(f"{path}.{key}: must be a non-negative integer")
 
 
 def _ck_bool(value: Any, path: str, key: str, out: list[str]) -> None:
+    """uniqueItems: a boolean."""
     if not isinstance(value, bool):
         out.append(f"{path}.{key}: must be a boolean, got {_kind(value)}")
 
 
 def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
+    """pattern: a string that compiles as a Python regular expression."""
     if not isinstance(value, str):
         out.append(f"{path}.pattern: must be a string, got {_kind(value)}")
         return

@@ -86,7 +86,8 @@ class TestTypes(unittest.TestCase):
 
     def test_property_type_message(self):
         schema = {"type": "object", "properties": {"port": {"type": "integer"}}}
-        self.assertEqual(validate({"port": True}, schema), ["$.port: expected integer, got boolean"])
+        self.assertEqual(validate({"port": True}, schema),
+                         ["$.port: expected integer, got boolean"])
 
 
 class TestNumbers(unittest.TestCase):
@@ -114,7 +115,8 @@ class TestNumbers(unittest.TestCase):
         self.assertEqual(validate(0.35, {"multipleOf": 0.1}), ["$: must be a multiple of 0.1"])
         self.assertEqual(validate(4.5, {"multipleOf": 1.5}), [])
         self.assertEqual(validate(0.0075, {"multipleOf": 0.0001}), [])
-        self.assertEqual(validate(1e308, {"multipleOf": 0.123456789}), ["$: must be a multiple of 0.123456789"])
+        self.assertEqual(validate(1e308, {"multipleOf": 0.123456789}),
+                         ["$: must be a multiple of 0.123456789"])
         self.assertEqual(validate(float("inf"), {"multipleOf": 1}), ["$: must be a multiple of 1"])
 
     def test_number_keywords_ignore_other_types(self):
@@ -228,7 +230,8 @@ class TestEnumConst(unittest.TestCase):
 
     def test_enum_structures(self):
         self.assertEqual(validate({"a": 1}, {"enum": [{"a": 1.0}]}), [])
-        self.assertEqual(validate({"a": True}, {"enum": [{"a": 1}]}), ['$: must be one of [{"a": 1}]'])
+        self.assertEqual(validate({"a": True}, {"enum": [{"a": 1}]}),
+                         ['$: must be one of [{"a": 1}]'])
         self.assertEqual(validate([1, [2]], {"enum": [[1.0, [2.0]]]}), [])
         self.assertEqual(validate([True], {"enum": [[1]]}), ["$: must be one of [[1]]"])
         self.assertEqual(validate([1, 2], {"enum": [[2, 1]]}), ["$: must be one of [[2, 1]]"])
@@ -275,7 +278,8 @@ class TestObjects(unittest.TestCase):
                          ["$.a: expected integer, got string"])
 
     def test_additional_properties_true_and_absent(self):
-        for schema in ({"properties": {"a": {}}}, {"properties": {"a": {}}, "additionalProperties": True}):
+        for schema in ({"properties": {"a": {}}},
+                       {"properties": {"a": {}}, "additionalProperties": True}):
             self.assertEqual(validate({"a": 1, "b": 2}, schema), [])
 
     def test_nested_paths(self):
@@ -492,7 +496,8 @@ class TestCheck(unittest.TestCase):
         self.assertEqual(check({"type": "str"}), [
             "$.type: unknown type 'str' (expected one of string, integer, number, boolean, "
             "object, array, null)"])
-        self.assertEqual(check({"type": ["string", "string"]}), ["$.type: type names must not repeat"])
+        self.assertEqual(check({"type": ["string", "string"]}),
+                         ["$.type: type names must not repeat"])
         for bad in ([], 5, ["string", 1], None):
             self.assertEqual(check({"type": bad}),
                              ["$.type: must be a type name or a non-empty list of type names"], bad)
@@ -545,8 +550,10 @@ class TestCheck(unittest.TestCase):
         self.assertEqual(check({"properties": []}),
                          ["$.properties: must be an object mapping names to schemas, got array"])
         self.assertEqual(check({"additionalProperties": 0}),
-                         ["$.additionalProperties: must be a schema (object or boolean), got integer"])
-        self.assertEqual(check({"not": None}), ["$.not: must be a schema (object or boolean), got null"])
+                         ["$.additionalProperties: must be a schema (object or boolean), "
+                          "got integer"])
+        self.assertEqual(check({"not": None}),
+                         ["$.not: must be a schema (object or boolean), got null"])
         self.assertEqual(check({"anyOf": []}), ["$.anyOf: must be a non-empty list of schemas"])
         self.assertEqual(check({"oneOf": {"type": "string"}}),
                          ["$.oneOf: must be a non-empty list of schemas"])
@@ -558,10 +565,12 @@ class TestCheck(unittest.TestCase):
         self.assertEqual(check({"enum": "a"}), ["$.enum: must be a list, got string"])
         self.assertEqual(check({"enum": []}), ["$.enum: must not be empty"])
         self.assertEqual(check({"examples": "a"}), ["$.examples: must be a list, got string"])
-        self.assertEqual(check({"description": 1}), ["$.description: must be a string, got integer"])
+        self.assertEqual(check({"description": 1}),
+                         ["$.description: must be a string, got integer"])
         self.assertEqual(check({"title": None}), ["$.title: must be a string, got null"])
         self.assertEqual(check({"format": 1}), ["$.format: must be a string, got integer"])
-        self.assertEqual(check({"uniqueItems": 1}), ["$.uniqueItems: must be a boolean, got integer"])
+        self.assertEqual(check({"uniqueItems": 1}),
+                         ["$.uniqueItems: must be a boolean, got integer"])
 
     def test_invalid_defaults(self):
         schema = {"type": "object", "properties": {
