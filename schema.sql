@@ -113,6 +113,15 @@ CREATE TABLE IF NOT EXISTS scheduled_tasks (
 );
 CREATE INDEX IF NOT EXISTS scheduled_tasks_due ON scheduled_tasks (next_run_at) WHERE enabled;
 
+-- Wakes the daemon's scheduler when a task changes (also when `ias tasks` runs in another process).
+CREATE OR REPLACE FUNCTION scheduled_tasks_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('ias_tasks', '');
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER scheduled_tasks_changed AFTER INSERT OR UPDATE OR DELETE ON scheduled_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduled_tasks_notify();
+
 CREATE TABLE IF NOT EXISTS task_runs (
     id          bigserial PRIMARY KEY,
     task_id     bigint NOT NULL REFERENCES scheduled_tasks (id) ON DELETE CASCADE,

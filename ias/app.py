@@ -57,14 +57,24 @@ class Core:
 
 def core(config: Config, store: Store, skills: Registry | None = None) -> Core:
     skills = skills or registry(config)
-    runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs",
-                    environ=config.environ, python=sys.executable)
+    # Skills that list them in ## Env (the task skills) reach this very database through the CLI.
+    environ = {**config.environ, "IAS_DATABASE_URL": store.dsn, "IAS_DATA_DIR": str(config.data_dir.resolve())}
+    runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
+                    python=sys.executable)
     approvals = Approvals(store, load_key(config.key_file), config.approval_timeout)
     return Core(config, skills, store, runner, approvals, Gate(skills, runner, store, approvals))
 
 
 def owner(config: Config) -> str:
     return config.owner or config.wechat_owner or "owner"
+
+
+async def resolve_owner(config: Config, store: Store) -> str:
+    """The owner's user id: IAS_OWNER, else the WeChat owner (env or stored login), else `owner`."""
+    if config.owner or config.wechat_owner:
+        return owner(config)
+    stored = await store.get_state("wechat", "owner")
+    return stored if isinstance(stored, str) and stored else "owner"
 
 
 def make_llm(config: Config):
@@ -129,6 +139,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
     """The daemon: store and recovery, channels, agent; runs until SIGTERM/SIGINT."""
     from .agent import Agent
     from .router import Router
+    from .scheduler import Scheduler
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,9 +162,10 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
                                                             f"channels {','.join(channels)}"))
         for channel in channels.values():
             await channel.start(router.deliver)
-        primary = next(iter(channels.values()))
         for row in leftovers:
-            await primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+            await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+        scheduler = Scheduler(store, router.run_task)
+        scheduling = asyncio.create_task(scheduler.run())
         systemd.notify("READY=1\nSTATUS=serving")
         log.warning("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
         watchdog = asyncio.create_task(_watchdog(systemd.watchdog_interval()))
@@ -163,10 +175,13 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
             systemd.notify("STOPPING=1")
             log.warning("iAs is stopping")
             watchdog.cancel()
+            scheduling.cancel()
+            await asyncio.gather(scheduling, return_exceptions=True)
             for channel in channels.values():
                 await channel.stop()
             await c.runner.kill_all()
             await router.cancel()
+            await scheduler.stop()
             await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"))
             if llm is not None:
                 await llm.close()

@@ -37,6 +37,30 @@ def _parser() -> argparse.ArgumentParser:
     approvals = sub.add_parser("approvals", help="pending approvals (never codes)")
     approvals.add_argument("--all", action="store_true", help="recent approvals in every state")
 
+    tasks = sub.add_parser("tasks", help="scheduled tasks: list, add, update, remove, pause, resume")
+    tsub = tasks.add_subparsers(dest="action", required=True)
+    tlist = tsub.add_parser("list", help="enabled tasks (--all: paused and finished ones too)")
+    tlist.add_argument("--all", action="store_true")
+    tlist.add_argument("--json", action="store_true")
+    for action in ("add", "update"):
+        t = tsub.add_parser(action, help=f"{action} a task; prints the next 3 run times")
+        if action == "update":
+            t.add_argument("id", type=int)
+        required = action == "add"
+        t.add_argument("--name", required=required)
+        t.add_argument("--schedule", required=required,
+                       help="cron ('0 7 * * *'), one-shot ('2026-12-24 08:00') or interval ('every 30m'), Beijing time")
+        t.add_argument("--kind", choices=["reminder", "prompt"], default="reminder" if required else None,
+                       help="reminder: send the text as is; prompt: run it through the assistant")
+        t.add_argument("--text", required=required)
+        if action == "add":
+            t.add_argument("--user", help="whose task (default: the owner)")
+        t.add_argument("--json", action="store_true")
+    for action in ("remove", "pause", "resume"):
+        t = tsub.add_parser(action)
+        t.add_argument("id", type=int)
+        t.add_argument("--json", action="store_true")
+
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
@@ -59,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_approvals(config, args.all))
         if args.command == "audit":
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
+        if args.command == "tasks":
+            return asyncio.run(cmd_tasks(config, args))
         if args.command == "doctor":
             return asyncio.run(cmd_doctor(config))
         from . import app
@@ -207,3 +233,60 @@ def run() -> None:
             pass
     logging.shutdown()
     os._exit(code)
+
+
+def _task_json(task, upcoming: list) -> dict:
+    return {"id": task.id, "name": task.name, "schedule": task.schedule, "kind": task.kind, "text": task.text,
+            "enabled": task.enabled, "user": task.user_id,
+            "next_runs": [t.strftime("%Y-%m-%d %H:%M:%S") for t in upcoming]}
+
+
+async def cmd_tasks(config, args) -> int:
+    from .app import open_store, resolve_owner
+    from .cron import TZ, describe, parse_schedule
+    from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
+
+    def upcoming(task) -> list:
+        if not task.enabled or task.next_run_at is None:
+            return []
+        first = task.next_run_at.astimezone(TZ)
+        return [first, *describe(parse_schedule(task.schedule, anchor=task.created_at), first, 2)]
+
+    async with open_store(config) as store:
+        try:
+            if args.action == "list":
+                tasks = await store.tasks(include_disabled=args.all)
+                if args.json:
+                    print(json.dumps([_task_json(t, upcoming(t)[:1]) for t in tasks], ensure_ascii=False, indent=1))
+                elif not tasks:
+                    print("no tasks" if args.all else "no enabled tasks (see --all)")
+                for t in tasks if not args.json else ():
+                    nxt = upcoming(t)[:1]
+                    state = f"next {nxt[0]:%Y-%m-%d %H:%M}" if nxt else ("paused" if t.next_run_at is None else "done")
+                    print(f"{t.id:>4}  {t.kind:<8}  {t.schedule:<18}  {state:<22}  {t.name}: {t.text}")
+                return 0
+            if args.action == "add":
+                user = args.user or await resolve_owner(config, store)
+                task = await add_task(store, user, args.name, args.schedule, args.kind, args.text)
+            elif args.action == "update":
+                task = await update_task(store, args.id, name=args.name, schedule=args.schedule, kind=args.kind,
+                                         text=args.text)
+            elif args.action == "remove":
+                await remove_task(store, args.id)
+                print(json.dumps({"removed": args.id}) if args.json else f"task {args.id} removed")
+                return 0
+            else:
+                task = await set_enabled(store, args.id, args.action == "resume")
+        except TaskError as exc:
+            print(json.dumps({"error": str(exc)}) if args.json else f"ias: {exc}",
+                  file=sys.stdout if args.json else sys.stderr)
+            return 1
+    runs = upcoming(task)
+    if args.json:
+        print(json.dumps(_task_json(task, runs), ensure_ascii=False))
+    else:
+        print(f"task {task.id} ({task.kind}, {task.schedule}): {task.name}"
+              + ("" if task.enabled else " — paused"))
+        for when in runs:
+            print(f"  next: {when:%Y-%m-%d %H:%M:%S} (Beijing time)")
+    return 0

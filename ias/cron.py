@@ -36,6 +36,7 @@ except ZoneInfoNotFoundError:  # no tzdata on the system and no tzdata package
 # A search that finds nothing in this many years means the expression never fires
 # (28 years is a full weekday/leap-year cycle, for e.g. Feb 29 AND an even weekday).
 HORIZON_YEARS = 28
+_LAST_MINUTE = datetime(9999, 12, 31, 23, 59)
 MIN_INTERVAL = timedelta(seconds=10)
 MAX_INTERVAL = timedelta(days=365)
 
@@ -95,8 +96,8 @@ def _number(token: str, low: int, high: int, names: dict[str, int] | None, fail)
     else:
         if token == "":
             fail("missing value")
-        if token.upper() in ("L", "W", "?") or "#" in token or token.upper().endswith(("L", "W")):
-            fail(f"{token!r}: the L, W, # and ? extensions are not supported")
+        if re.fullmatch(r"\d*L|\d*W|LW|\?|\d*#\d*", token.upper()):
+            fail("the L, W, # and ? extensions are not supported")
         what = f"a number {low}-{high}"
         if names is not None:
             what += " or a name " + ", ".join(sorted(names, key=names.get))
@@ -189,16 +190,8 @@ def _search(cron: _Cron, start: datetime) -> datetime | None:
                 mo = nxt
             d, h, mi = 1, 0, 0
             continue
-        if d > calendar.monthrange(y, mo)[1] or not cron.day_ok(y, mo, d):
-            d, h, mi = d + 1, 0, 0
-            if d > calendar.monthrange(y, mo)[1]:
-                d, mo = 1, mo + 1
-                if mo > 12:
-                    y, mo = y + 1, 1
-            continue
         hour = _first_ge(cron.hours, h)
-        if hour is None:
-            h = 24  # roll over to the next day via the day check
+        if hour is None or not cron.day_ok(y, mo, d):
             d, h, mi = d + 1, 0, 0
             if d > calendar.monthrange(y, mo)[1]:
                 d, mo = 1, mo + 1
@@ -219,17 +212,20 @@ def next_after(expr: str, after: datetime) -> datetime:
     """The next firing time of cron `expr` strictly after `after`, aware, in Asia/Shanghai."""
     cron = _parse(expr)
     after = to_tz(after)
-    wall = after.replace(tzinfo=None, second=0, microsecond=0, fold=0) + timedelta(minutes=1)
+    wall = after.replace(tzinfo=None, second=0, microsecond=0, fold=0)
     while True:
-        found = _search(cron, wall)
+        found = _search(cron, wall + timedelta(minutes=1)) if wall < _LAST_MINUTE else None
         if found is None:
+            if wall.year + HORIZON_YEARS > 9999:
+                raise ValueError(f"cron expression {expr!r}: no firing time after "
+                                 f"{after:%Y-%m-%d %H:%M} before the year 10000")
             raise ValueError(f"cron expression {expr!r} never fires within {HORIZON_YEARS} years "
                              f"after {after:%Y-%m-%d %H:%M}")
         result = found.replace(tzinfo=TZ)
         if result > after:
             return result
         # Only reachable with a historical DST fold: that wall time maps to an earlier instant.
-        wall = found + timedelta(minutes=1)
+        wall = found
 
 
 # ---- the scheduler's schedule language -------------------------------------------------
@@ -249,13 +245,23 @@ class Schedule:
     first grid point strictly after `after`, so a task created at 08:00 with `every 1h`
     first fires at 09:00, and after a downtime it catches up on the next grid point
     (after 10:30 -> 11:00), not at restart + i. Without an anchor it is after + i.
+    `anchor` is ignored by the other kinds. Schedule(kind, text, anchor) may also be
+    built directly from stored values; the text is re-parsed (cached) when used.
     """
 
     kind: str
     text: str
     anchor: datetime | None = None
-    at: datetime | None = None  # "once": the aware time
-    interval: timedelta | None = None  # "every"
+
+    @property
+    def at(self) -> datetime | None:
+        """A one-shot's time (aware, TZ); None for other kinds."""
+        return _once_at(self.text) if self.kind == "once" else None
+
+    @property
+    def interval(self) -> timedelta | None:
+        """An interval's length; None for other kinds."""
+        return _every_interval(self.text) if self.kind == "every" else None
 
     def next_after(self, after: datetime) -> datetime | None:
         """The next run strictly after `after` (aware, TZ); None for a one-shot already past."""
@@ -263,9 +269,12 @@ class Schedule:
         if self.kind == "cron":
             return next_after(self.text, after)
         if self.kind == "once":
-            return self.at if self.at > after else None
+            at = _once_at(self.text)
+            return at if at > after else None
+        if self.kind != "every":
+            raise ValueError(f"unknown schedule kind {self.kind!r}")
         # Interval arithmetic in UTC, so it stays right across any offset change.
-        step = self.interval
+        step = _every_interval(self.text)
         if self.anchor is None:
             return (after.astimezone(timezone.utc) + step).astimezone(TZ)
         anchor = to_tz(self.anchor).astimezone(timezone.utc)
@@ -274,9 +283,10 @@ class Schedule:
         return (anchor + k * step).astimezone(TZ)
 
 
-def _parse_every(text: str) -> Schedule:
-    """An `every N[smhd]` interval."""
-    m = _EVERY.fullmatch(text)
+@lru_cache(maxsize=256)
+def _every_interval(text: str) -> timedelta:
+    """The length of an `every N[smhd]` interval."""
+    m = _EVERY.fullmatch(" ".join(text.split()))
     if m is None:
         raise ValueError(f"bad interval {text!r}: expected 'every N' with a unit s, m, h or d, "
                          "e.g. 'every 30m', 'every 2h', 'every 1d'")
@@ -286,21 +296,20 @@ def _parse_every(text: str) -> Schedule:
     interval = timedelta(seconds=n * _UNITS[unit])
     if interval < MIN_INTERVAL:
         raise ValueError(f"bad interval {text!r}: at least {MIN_INTERVAL.seconds} seconds")
-    return Schedule("every", f"every {n}{unit}", interval=interval)
+    return interval
 
 
-def _parse_once(text: str) -> Schedule:
-    """A one-shot time; naive means Shanghai wall time."""
+@lru_cache(maxsize=256)
+def _once_at(text: str) -> datetime:
+    """A one-shot time, aware in TZ; naive means Shanghai wall time."""
+    text = " ".join(text.split())
     if _ONCE.fullmatch(text) is None:
         raise ValueError(f"bad one-shot time {text!r}: expected 'YYYY-MM-DD HH:MM[:SS]', "
                          "optionally with 'T' and a UTC offset like +08:00")
     try:
-        at = datetime.fromisoformat(text.upper())
+        return to_tz(datetime.fromisoformat(text.upper()))
     except ValueError as exc:
         raise ValueError(f"bad one-shot time {text!r}: {exc}") from None
-    at = to_tz(at)
-    normal = at.strftime("%Y-%m-%d %H:%M:%S" if at.second else "%Y-%m-%d %H:%M")
-    return Schedule("once", normal, at=at)
 
 
 def parse_schedule(text: str, *, anchor: datetime | None = None) -> Schedule:
@@ -309,22 +318,20 @@ def parse_schedule(text: str, *, anchor: datetime | None = None) -> Schedule:
     if not text:
         raise ValueError("empty schedule: expected a cron expression, a one-shot time or 'every N[smhd]'")
     if text.lower().startswith("every"):
-        return Schedule(**{**_slots(_parse_every(text)), "anchor": anchor})
+        _every_interval(text)  # validates
+        m = _EVERY.fullmatch(text)
+        return Schedule("every", f"every {int(m.group(1))}{m.group(2).lower()}", anchor)
     if re.match(r"\d{4}-", text):
-        return Schedule(**{**_slots(_parse_once(text)), "anchor": anchor})
+        at = _once_at(text)
+        return Schedule("once", at.strftime("%Y-%m-%d %H:%M:%S" if at.second else "%Y-%m-%d %H:%M"),
+                        anchor)
     tokens = text.split()
     if text.startswith("@") or (2 <= len(tokens) <= 7 and all(map(_CRON_TOKEN.fullmatch, tokens))):
         _parse(text)
-        normal = text.lower() if text.startswith("@") else text
-        return Schedule("cron", normal, anchor=anchor)
+        return Schedule("cron", text.lower() if text.startswith("@") else text, anchor)
     raise ValueError(f"unrecognised schedule {text!r}: expected a 5-field cron expression "
                      "('0 8 * * *'), an @nickname ('@daily'), a one-shot time ('2026-12-24 08:00') "
                      "or an interval ('every 30m')")
-
-
-def _slots(s: Schedule) -> dict:
-    """A Schedule's fields as a dict."""
-    return {name: getattr(s, name) for name in Schedule.__slots__}
 
 
 def describe(schedule: Schedule | str, after: datetime, n: int = 3) -> list[datetime]:

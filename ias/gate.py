@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Callable
 
 from . import schema
 from .approval import Approvals, Notify
@@ -36,6 +37,7 @@ class Gate:
         self.runner = runner
         self.store = store
         self.approvals = approvals
+        self._validators: dict[str, Callable[[object], list[str]]] = {}   # compiled once per skill
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None) -> dict:
         """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask)."""
@@ -51,7 +53,10 @@ class Gate:
         if arguments is None:
             arguments = {}
         params = schema.apply_defaults(arguments, skill.parameters)
-        errors = schema.validate(params, skill.parameters)
+        validator = self._validators.get(name)
+        if validator is None:
+            validator = self._validators[name] = schema.compile(skill.parameters)
+        errors = validator(params)
         if errors:
             return await self._invalid(user_id, skill, params, errors)
 

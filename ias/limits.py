@@ -23,3 +23,28 @@ TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the 
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds for channels and turns to stop on SIGTERM
+
+# Scheduler
+SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)
+TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_runs
+
+# WeChat (iLink)
+WECHAT_POLL_TIMEOUT = 35.0          # seconds the server may hold getupdates, until it announces another value
+WECHAT_POLL_TIMEOUT_MIN = 1.0       # seconds; an announced longpolling_timeout_ms is clamped to this range
+WECHAT_POLL_TIMEOUT_MAX = 120.0
+WECHAT_POLL_MARGIN = 5.0            # seconds added to the server's hold time for the client timeout
+WECHAT_RETRY_DELAY = 2.0            # seconds before retrying a failed getupdates
+WECHAT_FAILURES_BEFORE_BACKOFF = 3  # failed getupdates in a row before the long pause
+WECHAT_BACKOFF_DELAY = 30.0         # seconds of that pause
+WECHAT_SEND_TIMEOUT = 15.0          # seconds per sendmessage request
+WECHAT_REQUEST_TIMEOUT = 15.0       # seconds for other short requests (get_bot_qrcode)
+WECHAT_TEXT_MAX = 4000              # characters per sent message; longer texts are split
+WECHAT_REPLY_WINDOW = 23 * 3600.0   # seconds after the user's last message in which sends are tried (iLink: 24 h)
+WECHAT_SEND_BUDGET = 8              # bot messages per owner message, the last one being "reply to continue" (iLink: ~10)
+WECHAT_LOGIN_DEADLINE = 480.0       # seconds for the whole QR login
+WECHAT_QR_POLL_TIMEOUT = 35.0       # seconds of one get_qrcode_status long poll (a client timeout means "wait")
+WECHAT_QR_POLL_PAUSE = 1.0          # seconds between QR status polls
+WECHAT_QR_CODES_MAX = 3             # QR codes shown (the first and refreshes after expiry) before giving up
+WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
+WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
+WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish

@@ -26,6 +26,7 @@ class Router:
         self.approvals = approvals
         self.agent = agent
         self.channels = channels
+        self.primary = next(iter(channels.values()))     # where messages nobody asked for go
         self._turns: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -39,10 +40,7 @@ class Router:
             if answer is not None:
                 await channel.send(message.user_id, answer)
                 return
-            async with self._turns.setdefault(message.user_id, asyncio.Lock()):
-                async def notify(text: str) -> bool:
-                    return await channel.send(message.user_id, text)
-                reply = await self.agent.turn(message.user_id, message.text, notify)
+            reply = await self.turn(message.user_id, message.text, channel)
             if reply:
                 await channel.send(message.user_id, reply)
         except asyncio.CancelledError:
@@ -50,6 +48,21 @@ class Router:
         except Exception:
             log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
             await channel.send(message.user_id, FAILED)
+
+    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
+        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`."""
+        async def notify(message: str) -> bool:
+            return await channel.send(user_id, message)
+        async with self._turns.setdefault(user_id, asyncio.Lock()):
+            return await self.agent.turn(user_id, text, notify)
+
+    async def run_task(self, task) -> str:
+        """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent."""
+        text = task.text if task.kind == "reminder" else await self.turn(
+            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary)
+        if not await self.primary.send(task.user_id, text):
+            raise RuntimeError(f"the {self.primary.name} channel could not deliver the message")
+        return text
 
     async def deliver(self, message: Inbound) -> None:
         """The channels' callback: dispatch, tracking the task so shutdown can cancel it."""

@@ -83,6 +83,34 @@ class Approval:
     consumed_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: int
+    user_id: str
+    name: str
+    schedule: str
+    kind: str                      # "reminder" | "prompt"
+    text: str
+    enabled: bool
+    next_run_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    id: int
+    task_id: int
+    slot: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    status: str                    # "running" | "ok" | "error"
+    reply: str | None
+    error: str | None
+
+
+_TASK_FIELDS = ", ".join(f.name for f in fields(Task))
+_RUN_FIELDS = ", ".join(f.name for f in fields(TaskRun))
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
                  f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
@@ -108,6 +136,7 @@ class Store:
         self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(pool_size)
         self._lock_conn: psycopg.AsyncConnection | None = None
+        self._listen_conn: psycopg.AsyncConnection | None = None
 
     @classmethod
     async def open(cls, dsn: str, pool_size: int = POOL_SIZE) -> "Store":
@@ -155,9 +184,10 @@ class Store:
         for conn in self._idle:
             await conn.close()
         self._idle.clear()
-        if self._lock_conn is not None:
-            await self._lock_conn.close()
-            self._lock_conn = None
+        for conn in (self._lock_conn, self._listen_conn):
+            if conn is not None:
+                await conn.close()
+        self._lock_conn = self._listen_conn = None
 
     # -- daemon instance ------------------------------------------------------------------
     async def lock_instance(self) -> bool:
@@ -327,3 +357,90 @@ class Store:
                 "INSERT INTO seen_messages (channel, message_id) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
                 (channel, message_id))
             return await cur.fetchone() is not None
+
+    # -- scheduled tasks --------------------------------------------------------------------
+    async def add_task(self, user_id: str, name: str, schedule: str, kind: str, text: str,
+                       next_run_at: datetime | None, created_at: datetime) -> Task:
+        """Insert a task; `created_at` is the anchor its interval schedule was computed from."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"INSERT INTO scheduled_tasks (user_id, name, schedule, kind, text, enabled, next_run_at, created_at) "
+                f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_TASK_FIELDS}",
+                (user_id, name, schedule, kind, text, next_run_at is not None, next_run_at, created_at))
+            return Task(**await cur.fetchone())
+
+    async def task(self, task_id: int) -> Task | None:
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT {_TASK_FIELDS} FROM scheduled_tasks WHERE id = %s", (task_id,))
+            row = await cur.fetchone()
+            return None if row is None else Task(**row)
+
+    async def tasks(self, include_disabled: bool = True) -> list[Task]:
+        where = "" if include_disabled else "WHERE enabled"
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT {_TASK_FIELDS} FROM scheduled_tasks {where} ORDER BY id")
+            return [Task(**row) for row in await cur.fetchall()]
+
+    async def update_task(self, task_id: int, *, name: str, schedule: str, kind: str, text: str,
+                          enabled: bool, next_run_at: datetime | None) -> Task | None:
+        """Replace a task's fields (the caller computed next_run_at from the schedule)."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"UPDATE scheduled_tasks SET name = %s, schedule = %s, kind = %s, text = %s, enabled = %s, "
+                f"next_run_at = %s, updated_at = clock_timestamp() WHERE id = %s RETURNING {_TASK_FIELDS}",
+                (name, schedule, kind, text, enabled, next_run_at, task_id))
+            row = await cur.fetchone()
+            return None if row is None else Task(**row)
+
+    async def delete_task(self, task_id: int) -> bool:
+        async with self._conn() as conn:
+            cur = await conn.execute("DELETE FROM scheduled_tasks WHERE id = %s", (task_id,))
+            return cur.rowcount == 1
+
+    async def due_tasks(self, now: datetime) -> list[Task]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT {_TASK_FIELDS} FROM scheduled_tasks WHERE enabled AND next_run_at <= %s "
+                f"ORDER BY next_run_at, id", (now,))
+            return [Task(**row) for row in await cur.fetchall()]
+
+    async def next_due(self) -> datetime | None:
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT min(next_run_at) AS due FROM scheduled_tasks WHERE enabled")
+            return (await cur.fetchone())["due"]
+
+    async def claim_slot(self, task_id: int, slot: datetime, next_run_at: datetime | None) -> int | None:
+        """Take one due slot: advance the task past it and record the run, in one statement.
+
+        Only the caller whose compare-and-set moves next_run_at away from `slot` gets a run id;
+        every other scheduler (another loop, another process) gets None.
+        """
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "WITH claimed AS (UPDATE scheduled_tasks SET next_run_at = %s, enabled = %s, "
+                "updated_at = clock_timestamp() WHERE id = %s AND enabled AND next_run_at = %s RETURNING id) "
+                "INSERT INTO task_runs (task_id, slot) SELECT id, %s FROM claimed "
+                "ON CONFLICT (task_id, slot) DO NOTHING RETURNING id",
+                (next_run_at, next_run_at is not None, task_id, slot, slot))
+            row = await cur.fetchone()
+            return None if row is None else row["id"]
+
+    async def finish_run(self, run_id: int, status: str, reply: str | None = None, error: str | None = None) -> None:
+        async with self._conn() as conn:
+            await conn.execute("UPDATE task_runs SET finished_at = clock_timestamp(), status = %s, reply = %s, "
+                               "error = %s WHERE id = %s", (status, reply, error, run_id))
+
+    async def task_runs(self, task_id: int | None = None, limit: int = 20) -> list[TaskRun]:
+        where, args = ("WHERE task_id = %s", (task_id, limit)) if task_id is not None else ("", (limit,))
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT {_RUN_FIELDS} FROM task_runs {where} ORDER BY id DESC LIMIT %s", args)
+            return [TaskRun(**row) for row in await cur.fetchall()]
+
+    async def wait_for_task_change(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for a change to scheduled_tasks (LISTEN on a dedicated connection)."""
+        if self._listen_conn is None or self._listen_conn.closed:
+            self._listen_conn = await self._connect()
+            await self._listen_conn.execute("LISTEN ias_tasks")
+        async for _ in self._listen_conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+            return True
+        return False

@@ -141,3 +141,36 @@ class GateTestCase(StoreTestCase):
         """Start a High call in the background; returns its task."""
         params.setdefault("marker", str(self.marker))
         return asyncio.create_task(self.gate.call(user, "mark_high", params, notify or self.owner.notify))
+
+
+class FakeChannel:
+    """A channel whose sends are recorded (and can be refused); `next_message()` waits for one."""
+
+    def __init__(self, name: str = "fake", deliver: bool = True):
+        self.name = name
+        self.deliver = deliver
+        self.sent: list[tuple[str, str]] = []
+        self._arrived = asyncio.Condition()
+
+    async def start(self, deliver) -> None:
+        self.inbound = deliver
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(self, user_id: str, text: str) -> bool:
+        async with self._arrived:
+            self.sent.append((user_id, text))
+            self._arrived.notify_all()
+        return self.deliver
+
+    async def wait_for(self, needle: str, timeout: float = 10) -> str:
+        """The first sent text containing `needle` (waiting for it if need be)."""
+        async def find():
+            async with self._arrived:
+                while True:
+                    for _, text in self.sent:
+                        if needle in text:
+                            return text
+                    await self._arrived.wait()
+        return await asyncio.wait_for(find(), timeout)

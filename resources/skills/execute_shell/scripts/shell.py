@@ -126,6 +126,13 @@ def terminate(pgid):
     signal_group(pgid, signal.SIGKILL)
 
 
+def drain(*captures):
+    """Wait at most DRAIN_TIMEOUT seconds in all for the readers to reach the end of their pipes."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    for capture in captures:
+        capture.thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def inner_timeout():
     raw = os.environ.get("IAS_SHELL_TIMEOUT", "").strip()
     if not raw:
@@ -179,12 +186,10 @@ def main():
         proc.wait()
     duration = time.monotonic() - started
     # bash is gone; give the pipes a moment, then end whatever it left running in its group.
-    out.thread.join(DRAIN_TIMEOUT)
-    err.thread.join(max(0.0, DRAIN_TIMEOUT - (time.monotonic() - started - duration)))
+    drain(out, err)
     if group_alive(proc.pid):
         terminate(proc.pid)
-        out.thread.join(DRAIN_TIMEOUT)
-        err.thread.join(DRAIN_TIMEOUT)
+        drain(out, err)
 
     code = proc.returncode
     result = {"success": code == 0 and not timed_out, "exit_code": code}
@@ -196,6 +201,7 @@ def main():
     elif code != 0:
         result["error"] = f"command exited with status {code}"
     result["truncated"] = out.truncated or err.truncated
+    result["duration_s"] = round(duration, 3)
     out_limit, err_limit = LIMITS["stdout"], LIMITS["stderr"]
     while True:
         result["stdout"] = out.text(out_limit)
@@ -206,7 +212,6 @@ def main():
         # Escaped control characters take up to six bytes each: shrink until the JSON fits.
         out_limit, err_limit = out_limit // 2, err_limit // 2
         result["truncated"] = True
-    result["duration_s"] = round(duration, 3)
     emit(result)
 
 

@@ -1,0 +1,504 @@
+"""The WeChat channel: Tencent's iLink bot protocol (long-poll `getupdates`, `sendmessage`).
+
+Protocol facts are in reference/wechat-ilink.md; the QR login that yields the token lives in
+`ias.wechat_login`. Only the owner (the person who scanned the QR code) is served. Inbound
+message ids are recorded in the store, so a redelivery is handled once, also after a restart.
+The cursor, the latest `context_token` and the time of the last inbound message are persisted
+in `channel_state`, because sends are only accepted within 24 h of the user's last message
+and must echo that token.
+
+HTTP is a minimal asyncio HTTP/1.1 client, one connection per request (`Connection: close`),
+so that `stop()` cancels a held 35-second long poll at once; urllib in a thread could not be.
+
+Deliberately not handled: media (images, files, video and voice without a transcript get a
+short note: downloading them needs the CDN and AES-128-ECB), sending media, typing indicators
+(`getconfig`/`sendtyping`), `msg/notifystart|stop`, group chats, several bots, HTTP proxies,
+keep-alive connections.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import secrets
+import ssl
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
+
+from .. import limits
+from ..errors import IasError
+from .base import Channel, Deliver, Inbound
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "wechat"
+DEFAULT_BASE_URL = "https://ilinkai.weixin.qq.com"
+PROTOCOL_VERSION = "2.4.3"          # the openclaw-weixin release whose wire format we follow
+APP_ID = "bot"
+STALE = -14                         # session timeout, or the bot was bound by another client
+USER_MESSAGE, BOT_MESSAGE = 1, 2
+FINISHED = 2                        # message_state of a complete (not streaming) message
+TEXT, IMAGE, VOICE, FILE, VIDEO = 1, 2, 3, 4, 5
+
+# channel_state keys (channel "wechat")
+TOKEN, BASE_URL, BOT_ID, OWNER, CURSOR, STALE_MARK = "token", "base_url", "bot_id", "owner", "cursor", "stale"
+PEER = "peer:"                      # + user id: {"context_token", "last_inbound", "sent"}
+
+MEDIA_ONLY = "暂时只能处理文字和语音消息。"
+MEDIA_MIXED = "暂时只能处理文字和语音消息，附带的图片、文件或视频已忽略。"
+BUDGET_NOTE = "本轮消息较多，已暂停发送。请回复任意内容以继续。"
+STALE_NOTE = ("微信登录已失效（iLink -14），iAs 已停止接收微信消息。请在服务器上运行 "
+              "`python ias.py wechat login` 重新登录，然后重启 iAs。\n"
+              "WeChat session expired (iLink -14): polling stopped. Run `python ias.py wechat login`, "
+              "then restart iAs.")
+
+
+class WeChatError(IasError):
+    """The iLink service failed, answered nonsense, or a login could not complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What the channel needs to act as the bot; the token is kept out of repr."""
+    token: str = field(repr=False)
+    base_url: str
+    bot_id: str | None
+    owner: str
+
+
+def client_version(version: str = PROTOCOL_VERSION) -> str:
+    """iLink-App-ClientVersion: (major << 16) | (minor << 8) | patch, as decimal."""
+    major, minor, patch = (int(part) for part in version.split("."))
+    return str((major & 0xFF) << 16 | (minor & 0xFF) << 8 | (patch & 0xFF))
+
+
+def ias_version() -> str:
+    """This installation's version, for `bot_agent`."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ias")
+    except PackageNotFoundError:
+        return "0"
+
+
+def error_code(reply: dict) -> int:
+    """The first non-zero `ret`/`errcode` of a reply, else 0."""
+    for key in ("ret", "errcode"):
+        value = reply.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value != 0:
+            return value
+    return 0
+
+
+def split_text(text: str, limit: int = limits.WECHAT_TEXT_MAX) -> list[str]:
+    """`text` in parts of at most `limit` characters, cut at a line break in the part's second half when there is one."""
+    if not text.strip():
+        return []
+    parts: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        cut = rest.rfind("\n", 0, limit + 1)
+        if cut < limit // 2:
+            cut = limit
+        part, rest = rest[:cut], rest[cut:]
+        if rest.startswith("\n"):
+            rest = rest[1:]
+        if part.strip():
+            parts.append(part)
+    if rest.strip():
+        parts.append(rest)
+    return parts
+
+
+class ILink:
+    """The iLink HTTP API at one base URL: with a token for the bot's calls, without for the QR login."""
+
+    def __init__(self, base_url: str, token: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self._agent = f"iAs/{ias_version()}"
+        self._tls: ssl.SSLContext | None = None
+
+    def _common(self) -> dict[str, str]:
+        return {"iLink-App-Id": APP_ID, "iLink-App-ClientVersion": client_version()}
+
+    async def call(self, endpoint: str, body: dict, timeout: float) -> dict:
+        """POST an authenticated call (headers and base_info added); the decoded reply."""
+        if not self._token:
+            raise WeChatError("not logged in to WeChat")
+        uin = base64.b64encode(str(secrets.randbits(32)).encode()).decode()
+        headers = {"Content-Type": "application/json", "AuthorizationType": "ilink_bot_token",
+                   "Authorization": f"Bearer {self._token}", "X-WECHAT-UIN": uin, **self._common()}
+        payload = {**body, "base_info": {"channel_version": PROTOCOL_VERSION, "bot_agent": self._agent}}
+        return await self._json("POST", endpoint, headers, payload, timeout)
+
+    async def post(self, endpoint: str, body: dict, timeout: float) -> dict:
+        """POST without a token (QR login)."""
+        return await self._json("POST", endpoint, {"Content-Type": "application/json", **self._common()}, body, timeout)
+
+    async def get(self, endpoint: str, timeout: float) -> dict:
+        """GET without a token (QR status)."""
+        return await self._json("GET", endpoint, self._common(), None, timeout)
+
+    async def _json(self, method: str, endpoint: str, headers: dict[str, str], body: dict | None,
+                    timeout: float) -> dict:
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode()
+        async with asyncio.timeout(timeout):
+            status, raw = await self._exchange(method, f"{self.base_url}/{endpoint}", headers, data)
+        if not 200 <= status < 300:
+            raise WeChatError(f"HTTP {status} from {endpoint.partition('?')[0]}")
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise WeChatError(f"{endpoint.partition('?')[0]} did not answer JSON") from None
+        if not isinstance(reply, dict):
+            raise WeChatError(f"{endpoint.partition('?')[0]} did not answer a JSON object")
+        return reply
+
+    async def _exchange(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes]:
+        """One HTTP/1.1 request on a fresh connection: (status, body). Raises OSError or WeChatError."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise WeChatError(f"not an http(s) URL: {parts.scheme}://{parts.hostname}")
+        tls = None
+        if parts.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        lines = [f"{method} {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
+                 f"Host: {parts.netloc.rpartition('@')[2]}", "Connection: close", "Accept-Encoding: identity"]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value:
+                raise WeChatError(f"invalid characters in the {name} header")
+            lines.append(f"{name}: {value}")
+        try:
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        except UnicodeEncodeError:
+            raise WeChatError("a header value is not ASCII") from None
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port or (443 if tls else 80), ssl=tls)
+        try:
+            writer.write(head + (body or b""))
+            await writer.drain()
+            return await _response(reader, method)
+        except (ValueError, EOFError, UnicodeError) as exc:     # malformed or truncated response
+            raise WeChatError(f"bad HTTP response: {type(exc).__name__}") from None
+        finally:
+            writer.close()
+
+
+async def _response(reader: asyncio.StreamReader, method: str) -> tuple[int, bytes]:
+    while True:
+        status_line = await reader.readline()
+        if not status_line:
+            raise WeChatError("connection closed before a response")
+        status = int(status_line.split(None, 2)[1])
+        headers: dict[str, str] = {}
+        for _ in range(limits.WECHAT_HEADERS_MAX):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise WeChatError("too many response headers")
+        if status >= 200 or status < 100:
+            break
+    if method == "HEAD" or status in (204, 304):
+        return status, b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return status, await _chunked(reader)
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if not 0 <= length <= limits.WECHAT_RESPONSE_MAX:
+            raise WeChatError(f"response of {length} bytes refused")
+        return status, await reader.readexactly(length)
+    chunks, size = [], 0
+    while chunk := await reader.read(64 * 1024):
+        size += len(chunk)
+        if size > limits.WECHAT_RESPONSE_MAX:
+            raise WeChatError("response too large")
+        chunks.append(chunk)
+    return status, b"".join(chunks)
+
+
+async def _chunked(reader: asyncio.StreamReader) -> bytes:
+    chunks, size = [], 0
+    while True:
+        length = int((await reader.readline()).split(b";")[0].strip(), 16)
+        if length == 0:
+            for _ in range(limits.WECHAT_HEADERS_MAX):       # trailers, up to the blank line
+                if (await reader.readline()) in (b"\r\n", b"\n", b""):
+                    return b"".join(chunks)
+            raise WeChatError("too many trailer lines")
+        size += length
+        if size > limits.WECHAT_RESPONSE_MAX:
+            raise WeChatError("response too large")
+        chunks.append(await reader.readexactly(length))
+        await reader.readline()
+
+
+def _items(items: Any) -> tuple[str, bool]:
+    """(the text of text items and voice transcripts, whether anything else came along)."""
+    texts, other = [], False
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        holder = item.get("text_item") if kind == TEXT else item.get("voice_item") if kind == VOICE else None
+        text = holder.get("text") if isinstance(holder, dict) else None
+        if isinstance(text, str) and text.strip():
+            texts.append(text)
+        else:
+            other = True
+    return "\n".join(texts), other
+
+
+@dataclass(slots=True)
+class _Peer:
+    """What the channel tracks per user, persisted under `peer:<id>` (in-process only)."""
+    context_token: str | None = None
+    last_inbound: float | None = None       # epoch seconds
+    sent: int = 0                           # bot messages since the user's last message
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class WeChatChannel(Channel):
+    """The owner's personal WeChat, through the bot they bound with `ias wechat login`.
+
+    The send budget: at most WECHAT_SEND_BUDGET bot messages per owner message, the last of
+    which is always BUDGET_NOTE ("reply to continue"), so the owner learns why output stopped.
+    """
+
+    name = CHANNEL
+
+    def __init__(self, store, credentials: Credentials, *, now: Callable[[], float] = time.time,
+                 on_stale: Callable[[str], Awaitable[None]] | None = None,
+                 retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY):
+        self.store = store
+        self.credentials = credentials
+        self.owner = credentials.owner
+        self.stale = False
+        self._api = ILink(credentials.base_url, credentials.token)
+        self._now = now
+        self._on_stale = on_stale
+        self._retry_delay = retry_delay
+        self._backoff_delay = backoff_delay
+        self._deliver: Deliver | None = None
+        self._peers: dict[str, _Peer] = {}
+        self._poller: asyncio.Task | None = None
+        self._notes: set[asyncio.Task] = set()          # our own sends (media notes): cancelled on stop
+        self._deliveries: set[asyncio.Task] = set()     # the router's: it cancels turns itself
+
+    async def start(self, deliver: Deliver) -> None:
+        if self._poller is not None:
+            return
+        self._deliver = deliver
+        self._poller = asyncio.create_task(self._poll(), name="wechat-poll")
+        self._poller.add_done_callback(self._finished)
+
+    async def stop(self) -> None:
+        tasks = [task for task in (self._poller, *self._notes) if task is not None and not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=limits.WECHAT_STOP_GRACE)
+
+    # -- receiving ------------------------------------------------------------------------
+    async def _poll(self) -> None:
+        cursor = await self.store.get_state(CHANNEL, CURSOR) or ""
+        marked = await self.store.get_state(CHANNEL, STALE_MARK) is not None
+        hold = limits.WECHAT_POLL_TIMEOUT
+        failures = 0
+        log.info("WeChat: polling %s as bot %s for owner %s", self._api.base_url, self.credentials.bot_id, self.owner)
+        while True:
+            try:
+                reply = await self._api.call("ilink/bot/getupdates", {"get_updates_buf": cursor},
+                                             hold + limits.WECHAT_POLL_MARGIN)
+                code = error_code(reply)
+                if code == STALE:
+                    await self._expire(reply.get("errmsg"))
+                    return
+                if code:
+                    raise WeChatError(f"ret {code} {reply.get('errmsg') or ''}".strip())
+                messages = reply.get("msgs")
+                for message in messages if isinstance(messages, list) else []:
+                    await self._receive(message)
+                after = reply.get("get_updates_buf")
+                if isinstance(after, str) and after and after != cursor:
+                    await self.store.set_state(CHANNEL, CURSOR, after)
+                    cursor = after
+                if marked:
+                    await self.store.set_state(CHANNEL, STALE_MARK, None)
+                    marked = False
+            except TimeoutError:
+                continue                        # held longer than announced: an empty result
+            except (OSError, IasError) as exc:
+                failures += 1
+                if failures >= limits.WECHAT_FAILURES_BEFORE_BACKOFF:
+                    log.warning("WeChat: getupdates failed %d times in a row (%s); pausing %gs",
+                                failures, exc, self._backoff_delay)
+                    failures = 0
+                    await asyncio.sleep(self._backoff_delay)
+                else:
+                    log.warning("WeChat: getupdates failed (%s); retrying in %gs", exc, self._retry_delay)
+                    await asyncio.sleep(self._retry_delay)
+                continue
+            failures = 0
+            announced = reply.get("longpolling_timeout_ms")
+            if isinstance(announced, (int, float)) and announced > 0:
+                hold = min(max(announced / 1000, limits.WECHAT_POLL_TIMEOUT_MIN), limits.WECHAT_POLL_TIMEOUT_MAX)
+
+    async def _receive(self, message: Any) -> None:
+        """Handle one message; a store failure propagates so the batch is fetched again."""
+        try:
+            await self._handle(message)
+        except IasError:
+            raise
+        except Exception:       # one malformed message must not stop the channel
+            log.exception("WeChat: a message could not be handled")
+
+    async def _handle(self, message: Any) -> None:
+        if not isinstance(message, dict) or message.get("message_type") != USER_MESSAGE:
+            return
+        sender = message.get("from_user_id")
+        if sender != self.owner:
+            log.info("WeChat: ignored a message from %s (not the owner)", sender)
+            return
+        raw_id = message.get("message_id")
+        message_id = None if raw_id in (None, "") else str(raw_id)
+        if message_id is not None and not await self.store.mark_seen(CHANNEL, message_id):
+            log.info("WeChat: message %s was already handled", message_id)
+            return
+        peer = await self._peer(sender)
+        token = message.get("context_token")
+        if isinstance(token, str) and token:
+            peer.context_token = token
+        peer.last_inbound = self._now()
+        peer.sent = 0
+        await self._save(sender, peer)
+        text, other = _items(message.get("item_list"))
+        log.info("WeChat: message %s from the owner (%d characters%s)", message_id, len(text),
+                 ", unsupported items" if other else "")
+        if other:
+            self._spawn(self.send(sender, MEDIA_MIXED if text else MEDIA_ONLY), self._notes)
+        if text and self._deliver is not None:
+            # Not awaited: a turn can take minutes, and an approval reply must get through meanwhile.
+            # Tasks start in creation order; the router keeps the turns of one user in order.
+            self._spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id)), self._deliveries)
+
+    def _spawn(self, coro: Awaitable, into: set[asyncio.Task]) -> None:
+        task = asyncio.ensure_future(coro)
+        into.add(task)
+        task.add_done_callback(into.discard)
+        task.add_done_callback(self._finished)
+
+    @staticmethod
+    def _finished(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("WeChat: a background task failed", exc_info=task.exception())
+
+    async def _expire(self, detail: Any = None) -> None:
+        """-14: stop polling for good (until a new login and restart), say so once."""
+        if self.stale:
+            return
+        self.stale = True
+        log.error("WeChat session expired (iLink -14%s): polling stopped; run `ias wechat login` and restart iAs",
+                  f": {detail}" if detail else "")
+        try:
+            await self.store.set_state(CHANNEL, STALE_MARK, {"at": self._now(), "detail": str(detail or "")})
+        except IasError as exc:
+            log.error("WeChat: could not record the expired session: %s", exc)
+        if self._poller is not None and self._poller is not asyncio.current_task():
+            self._poller.cancel()
+        if self._on_stale is not None:
+            try:
+                await self._on_stale(STALE_NOTE)
+            except Exception:       # the note is best effort; the log line above already says it
+                log.exception("WeChat: telling the owner about the expired session failed")
+
+    # -- sending --------------------------------------------------------------------------
+    async def _peer(self, user_id: str) -> _Peer:
+        peer = self._peers.get(user_id)
+        if peer is None:
+            stored = await self.store.get_state(CHANNEL, PEER + user_id)
+            stored = stored if isinstance(stored, dict) else {}
+            peer = self._peers.setdefault(user_id, _Peer(stored.get("context_token"), stored.get("last_inbound"),
+                                                         int(stored.get("sent") or 0)))
+        return peer
+
+    async def _save(self, user_id: str, peer: _Peer) -> None:
+        async with peer.saving:     # serialised, and each write carries the latest values
+            await self.store.set_state(CHANNEL, PEER + user_id, {
+                "context_token": peer.context_token, "last_inbound": peer.last_inbound, "sent": peer.sent})
+
+    async def send(self, user_id: str, text: str) -> bool:
+        parts = split_text(text)
+        if not parts:
+            return False
+        if self.stale:
+            log.warning("WeChat: not sending to %s: the session expired (-14); log in again", user_id)
+            return False
+        peer = await self._peer(user_id)
+        async with peer.sending:
+            if peer.last_inbound is None:
+                log.warning("WeChat: not sending to %s: no message from them yet (iLink only lets a bot answer "
+                            "within 24 h of the user's last message)", user_id)
+                return False
+            age = self._now() - peer.last_inbound
+            if age > limits.WECHAT_REPLY_WINDOW:
+                log.warning("WeChat: not sending to %s: their last message was %.1f h ago (iLink only lets a bot "
+                            "answer within 24 h); they have to write first", user_id, age / 3600)
+                return False
+            left = limits.WECHAT_SEND_BUDGET - peer.sent
+            if len(parts) >= left:
+                log.warning("WeChat: send budget spent for %s (%d messages since their last message): "
+                            "a %d-part text was not sent%s", user_id, peer.sent, len(parts),
+                            "; asked them to reply to continue" if left > 0 else "")
+                if left > 0:
+                    peer.sent = limits.WECHAT_SEND_BUDGET
+                    await self._post(user_id, BUDGET_NOTE, peer)
+                    await self._save(user_id, peer)
+                return False
+            ok = True
+            for part in parts:
+                peer.sent += 1
+                if not await self._post(user_id, part, peer):
+                    ok = False
+                    break
+            await self._save(user_id, peer)
+            return ok
+
+    async def _post(self, user_id: str, text: str, peer: _Peer) -> bool:
+        """One sendmessage request; True only when the service answered ret 0."""
+        client_id = f"ias-{uuid.uuid4().hex}"
+        message = {"from_user_id": "", "to_user_id": user_id, "client_id": client_id,
+                   "message_type": BOT_MESSAGE, "message_state": FINISHED,
+                   "item_list": [{"type": TEXT, "text_item": {"text": text}}]}
+        if peer.context_token:
+            message["context_token"] = peer.context_token
+        try:
+            reply = await self._api.call("ilink/bot/sendmessage", {"msg": message}, limits.WECHAT_SEND_TIMEOUT)
+        except TimeoutError:
+            log.warning("WeChat: sendmessage %s to %s timed out after %gs", client_id, user_id,
+                        limits.WECHAT_SEND_TIMEOUT)
+            return False
+        except (OSError, WeChatError) as exc:
+            log.warning("WeChat: sendmessage %s to %s failed: %s", client_id, user_id, exc)
+            return False
+        code = error_code(reply)
+        if code == STALE:
+            await self._expire(reply.get("errmsg"))
+            return False
+        if code:
+            log.warning("WeChat: sendmessage %s to %s refused: ret %d %s", client_id, user_id, code,
+                        reply.get("errmsg") or "")
+            return False
+        log.info("WeChat: sent %s to %s (%d characters)", client_id, user_id, len(text))
+        return True

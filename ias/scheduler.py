@@ -1,0 +1,161 @@
+"""The scheduler: runs due tasks exactly once per slot, across restarts and competing loops.
+
+The loop sleeps until the earliest `next_run_at` (or until PostgreSQL NOTIFYs a change to the
+tasks table), then claims each due slot with one compare-and-set statement. Missed slots after
+downtime collapse into one catch-up run: the next slot is computed from *now*, not from the
+missed one. Not handled: running one task's slots in parallel is allowed, not prevented.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+from typing import Awaitable, Callable
+
+from .cron import parse_schedule
+from .limits import SCHEDULER_MAX_SLEEP, TASK_REPLY_MAX
+from .store import Store, Task
+
+log = logging.getLogger(__name__)
+
+Execute = Callable[[Task], Awaitable[str]]      # runs one task, returns what was sent to the owner
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def next_run(task_schedule: str, created_at: datetime, after: datetime) -> datetime | None:
+    """The first run of a schedule strictly after `after` (intervals are anchored at creation)."""
+    return parse_schedule(task_schedule, anchor=created_at).next_after(after)
+
+
+class Scheduler:
+    """Claims due slots and runs their tasks through `execute`."""
+
+    def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = utcnow,
+                 max_sleep: float = SCHEDULER_MAX_SLEEP):
+        self.store = store
+        self.execute = execute
+        self.now = now
+        self.max_sleep = max_sleep
+        self._running: set[asyncio.Task] = set()
+
+    async def tick(self) -> list[asyncio.Task]:
+        """Claim every slot due now and start its run; returns the started runs."""
+        now = self.now()
+        started = []
+        for task in await self.store.due_tasks(now):
+            slot = task.next_run_at
+            try:
+                following = next_run(task.schedule, task.created_at, max(now, slot))
+            except ValueError as exc:
+                log.error("task %d has a bad schedule %r (%s); disabling it", task.id, task.schedule, exc)
+                following = None
+            run_id = await self.store.claim_slot(task.id, slot, following)
+            if run_id is None:
+                continue                     # another scheduler took this slot
+            log.info("task %d (%s) due at %s: run %d", task.id, task.kind, slot.isoformat(), run_id)
+            run = asyncio.create_task(self._run(task, run_id))
+            self._running.add(run)
+            run.add_done_callback(self._running.discard)
+            started.append(run)
+        return started
+
+    async def _run(self, task: Task, run_id: int) -> None:
+        try:
+            reply = await self.execute(task)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.store.finish_run(run_id, "error", error="cancelled (daemon stopping)"))
+            raise
+        except Exception as exc:
+            log.exception("task %d run %d failed", task.id, run_id)
+            await self.store.finish_run(run_id, "error", error=str(exc)[:TASK_REPLY_MAX] or type(exc).__name__)
+        else:
+            await self.store.finish_run(run_id, "ok", reply=(reply or "")[:TASK_REPLY_MAX])
+
+    async def run(self) -> None:
+        """Forever: run what is due, then sleep until the next due time or a change to the tasks."""
+        while True:
+            await self.tick()
+            due = await self.store.next_due()
+            wait = self.max_sleep if due is None else (due - self.now()).total_seconds()
+            if wait > 0:
+                await self.store.wait_for_task_change(min(wait, self.max_sleep))
+
+    async def stop(self) -> None:
+        """Cancel runs in flight (their rows end as errors; the slots are not repeated)."""
+        runs = list(self._running)
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+
+
+# -- managing tasks (the `ias tasks` command and the task skills) -----------------------------
+
+KINDS = ("reminder", "prompt")
+
+
+class TaskError(ValueError):
+    """A task request that cannot be carried out; the message says why."""
+
+
+def _check(name: str, schedule: str, kind: str, text: str, created_at: datetime, now: datetime) -> datetime | None:
+    if not name.strip():
+        raise TaskError("a task needs a name")
+    if kind not in KINDS:
+        raise TaskError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not text.strip():
+        raise TaskError("a task needs a text (the reminder, or the prompt for the assistant)")
+    try:
+        return next_run(schedule, created_at, now)
+    except ValueError as exc:
+        raise TaskError(str(exc)) from None
+
+
+async def add_task(store: Store, user_id: str, name: str, schedule: str, kind: str, text: str,
+                   now: datetime | None = None) -> Task:
+    now = now or utcnow()
+    following = _check(name, schedule, kind, text, now, now)
+    if following is None:
+        raise TaskError(f"the one-shot time {schedule!r} is already past")
+    normal = parse_schedule(schedule).text
+    return await store.add_task(user_id, name.strip(), normal, kind, text.strip(), following, now)
+
+
+async def update_task(store: Store, task_id: int, *, name: str | None = None, schedule: str | None = None,
+                      kind: str | None = None, text: str | None = None, now: datetime | None = None) -> Task:
+    now = now or utcnow()
+    task = await _existing(store, task_id)
+    name, kind, text = name or task.name, kind or task.kind, text or task.text
+    schedule = parse_schedule(schedule).text if schedule else task.schedule
+    following = _check(name, schedule, kind, text, task.created_at, now)
+    if following is None and task.enabled:
+        raise TaskError(f"the one-shot time {schedule!r} is already past")
+    enabled = task.enabled and following is not None
+    updated = await store.update_task(task_id, name=name.strip(), schedule=schedule, kind=kind, text=text.strip(),
+                                      enabled=enabled, next_run_at=following if enabled else None)
+    return updated or await _existing(store, task_id)
+
+
+async def set_enabled(store: Store, task_id: int, enabled: bool, now: datetime | None = None) -> Task:
+    """Pause (no runs at all) or resume (from the next slot after now; missed ones are skipped)."""
+    task = await _existing(store, task_id)
+    following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+    if enabled and following is None:
+        raise TaskError(f"task {task_id} is a one-shot whose time has passed; update its schedule first")
+    updated = await store.update_task(task_id, name=task.name, schedule=task.schedule, kind=task.kind,
+                                      text=task.text, enabled=enabled, next_run_at=following)
+    return updated or await _existing(store, task_id)
+
+
+async def remove_task(store: Store, task_id: int) -> None:
+    if not await store.delete_task(task_id):
+        raise TaskError(f"no task with id {task_id}")
+
+
+async def _existing(store: Store, task_id: int) -> Task:
+    task = await store.task(task_id)
+    if task is None:
+        raise TaskError(f"no task with id {task_id}")
+    return task

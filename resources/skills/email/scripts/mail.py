@@ -1,0 +1,589 @@
+#!/usr/bin/env python3
+"""The email skill: send over SMTP, list unread and read messages over IMAP. Stdlib only.
+
+Parameters arrive as one JSON object on stdin; exactly one JSON object with `success` goes to
+stdout. Expected failures (missing configuration, refused login, unreachable server, unknown
+uid) are `{"success": false, "error": "..."}` with exit status 0, never a traceback; the
+password never appears in an error.
+
+Handled, and why:
+- Sending builds an `EmailMessage` with `headerregistry.Address`, so Chinese subjects and
+  display names become RFC 2047 encoded words and the From header is valid RFC 5322 (QQ Mail
+  rejects anything else); a non-ASCII body is sent as UTF-8 in base64, which needs no
+  8BITMIME from the server.
+- Reading never changes the mailbox: INBOX is opened with EXAMINE (`readonly=True`) and every
+  fetch uses `BODY.PEEK[...]`, which does not set \\Seen. Nothing is stored or expunged.
+- Chinese mail labelled gb2312/gbk often holds GBK-only characters (喆 镕 堃) that the label's
+  codec cannot decode; the stdlib's default policy turns them into U+FFFD. Messages are
+  therefore parsed with the compat32 policy and every header and body is decoded here, with
+  gb2312/gbk/cp936 mapped to gb18030 (a superset), falling back to UTF-8/GB18030 when a label
+  is missing or wrong.
+- 163/126 refuse SELECT ("Unsafe Login") until the client sends the IMAP ID command
+  (RFC 2971), which imaplib does not know: it is registered in `imaplib.Commands` and sent
+  after login when the server advertises ID.
+"""
+import codecs
+import email
+import email.header
+import email.utils
+import html.parser
+import imaplib
+import json
+import os
+import re
+import smtplib
+import socket
+import ssl
+import sys
+from email.errors import HeaderParseError
+from email.headerregistry import Address
+from email.message import EmailMessage
+
+VERSION = "1.0"
+NET_TIMEOUT = 20            # seconds per network operation; the skill's ## Timeout is 60
+LIMIT_DEFAULT = 10
+LIMIT_MAX = 50
+BODY_MAX = 20000            # characters of body returned by `read`
+SUBJECT_MAX = 500
+
+# Labels whose codec is too narrow for what senders put in them; None = no usable label.
+CHARSET_ALIASES = {
+    "gb2312": "gb18030", "gb_2312-80": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030",
+    "cp936": "gb18030", "ms936": "gb18030", "euc-cn": "gb18030", "x-euc-cn": "gb18030",
+    "csgb2312": "gb18030", "chinese": "gb18030", "iso-ir-58": "gb18030", "gb18030": "gb18030",
+    "big5": "big5hkscs", "ks_c_5601-1987": "cp949", "euc-kr": "cp949",
+    "us-ascii": "utf-8", "ascii": "utf-8", "iso-8859-1": "cp1252", "latin1": "cp1252", "latin-1": "cp1252",
+    "unknown-8bit": None, "x-unknown": None, "unknown": None, "default": None,
+}
+SSL_MODES = {"ssl": "ssl", "tls": "ssl", "starttls": "starttls", "none": "none", "plain": "none"}
+
+
+class Fail(Exception):
+    """An expected failure: its message goes to the model as is."""
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def emit(result):
+    text = json.dumps(result, ensure_ascii=False)
+    sys.stdout.buffer.write(text.encode("utf-8", "replace") + b"\n")   # a lone surrogate cannot break it
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding
+
+
+def codec_for(charset):
+    """The Python codec for a MIME charset label; None when there is no usable label."""
+    name = (charset or "").strip().strip("\"'").lower()
+    if name in CHARSET_ALIASES:
+        return CHARSET_ALIASES[name]
+    if not name:
+        return None
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return None
+
+
+def decode_bytes(data, charset=None):
+    """Decode message bytes by their label, falling back when the label is missing or wrong."""
+    name = codec_for(charset)
+    candidates = [name, "utf-8"] if name else ["utf-8", "gb18030"]
+    for candidate in candidates:
+        try:
+            return data.decode(candidate)
+        except (UnicodeDecodeError, LookupError):
+            continue
+    return data.decode(name or "utf-8", "replace")
+
+
+def clean(text):
+    """A str from the parser may carry raw 8-bit bytes as surrogates: decode those properly."""
+    if any("\udc80" <= ch <= "\udcff" for ch in text):
+        return decode_bytes(text.encode("utf-8", "surrogateescape"))
+    return text
+
+
+def header_text(value):
+    """A header value as readable text: RFC 2047 words decoded with mapped charsets, unfolded."""
+    if value is None:
+        return ""
+    try:
+        parts = email.header.decode_header(value)
+    except (HeaderParseError, ValueError, LookupError):
+        return " ".join(clean(str(value)).split())
+    out = []
+    for chunk, charset in parts:
+        out.append(decode_bytes(chunk, charset) if isinstance(chunk, bytes) else clean(chunk))
+    return " ".join("".join(out).split())
+
+
+class _HTMLText(html.parser.HTMLParser):
+    """Visible text of an HTML body: no tags, scripts or styles; block elements start new lines."""
+    SKIP = {"script", "style", "title"}
+    BLOCK = {"p", "div", "br", "li", "tr", "table", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote",
+             "pre", "hr", "ul", "ol", "dl", "dt", "dd", "section", "article", "header", "footer"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.out = []
+        self.skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.SKIP:
+            self.skip += 1
+        elif tag in self.BLOCK:
+            self.out.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in self.SKIP:
+            self.skip = max(0, self.skip - 1)
+        elif tag in self.BLOCK:
+            self.out.append("\n")
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.out.append(data)
+
+
+def html_to_text(markup):
+    parser = _HTMLText()
+    try:
+        parser.feed(markup)
+        parser.close()
+    except Exception:           # malformed markup: keep what was parsed
+        pass
+    lines = [" ".join(line.split()) for line in "".join(parser.out).splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def part_filename(part):
+    """The attachment name of a MIME part (RFC 2231, RFC 2047 or raw 8-bit), or None."""
+    raw = part.get_param("filename", None, "content-disposition")
+    if raw is None:
+        raw = part.get_param("name", None, "content-type")
+    if raw is None:
+        return None
+    if isinstance(raw, tuple):      # RFC 2231: (charset, language, value as latin-1 text)
+        charset, _language, value = raw
+        text = decode_bytes(value.encode("latin-1", "replace"), charset)
+    else:
+        text = clean(email.utils.unquote(raw))
+    if "=?" in text:
+        text = header_text(text)
+    return text
+
+
+def part_text(part):
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return ""
+    return decode_bytes(payload, part.get_content_charset())
+
+
+def message_body(msg):
+    """(body text, attachment names): text/plain preferred, else text/html without tags."""
+    plain = markup = None
+    attachments = []
+    for part in msg.walk():
+        if part.is_multipart():
+            continue
+        name = part_filename(part)
+        if part.get_content_disposition() == "attachment" or name is not None:
+            attachments.append(name or "(unnamed)")
+            continue
+        kind = part.get_content_type()
+        if kind == "text/plain" and plain is None:
+            plain = part_text(part)
+        elif kind == "text/html" and markup is None:
+            markup = part_text(part)
+    if plain is not None and plain.strip():
+        body = plain
+    elif markup is not None:
+        body = html_to_text(markup)
+    else:
+        body = plain or ""
+    return body.replace("\r\n", "\n").strip(), attachments
+
+
+# ---------------------------------------------------------------------------------------
+# Configuration
+
+
+def env(name):
+    return os.environ.get(name, "").strip()
+
+
+def ssl_mode(name):
+    value = env(name).lower() or "ssl"
+    if value not in SSL_MODES:
+        raise Fail(f"{name} must be ssl, starttls or none, got '{value}'")
+    return SSL_MODES[value]
+
+
+def port_of(name, default):
+    value = env(name)
+    if not value:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise Fail(f"{name} must be a port number from 1 to 65535, got '{value}'")
+    return int(value)
+
+
+def credentials(prefix):
+    user = env(f"{prefix}_USER")
+    password = os.environ.get(f"{prefix}_PASSWORD", "")
+    if user and not password:
+        raise Fail(f"{prefix}_PASSWORD is not set (needed to log in as {prefix}_USER); "
+                   "QQ and 163 Mail need an authorization code, not the account password")
+    return user, password
+
+
+def tls_context():
+    # Honours SSL_CERT_FILE / SSL_CERT_DIR (OpenSSL reads them), e.g. for a private CA.
+    return ssl.create_default_context()
+
+
+def local_name():
+    # For EHLO: smtplib's default, socket.getfqdn(), may wait for a reverse DNS lookup.
+    return socket.gethostname() or "localhost"
+
+
+# ---------------------------------------------------------------------------------------
+# Sending
+
+
+def sender_address(user):
+    configured = env("IAS_SMTP_FROM")
+    if configured:
+        name, addr = email.utils.parseaddr(configured)
+        if "@" not in addr:
+            raise Fail(f"IAS_SMTP_FROM is not an email address: '{configured}'")
+        where = "IAS_SMTP_FROM"
+    elif user:
+        name, addr = "", user
+        if "@" not in addr:
+            raise Fail("IAS_SMTP_USER is not an email address; set IAS_SMTP_FROM to the address to send from")
+        where = "IAS_SMTP_USER"
+    else:
+        raise Fail("set IAS_SMTP_FROM (or IAS_SMTP_USER) to the address to send from")
+    try:
+        return Address(display_name=name, addr_spec=addr)
+    except (HeaderParseError, ValueError, IndexError):
+        raise Fail(f"{where} is not a valid email address: '{addr}'") from None
+
+
+def build_message(sender, to, subject, body):
+    try:
+        recipient = Address(addr_spec=to)
+    except (HeaderParseError, ValueError, IndexError):
+        raise Fail(f"'to' is not a valid email address: '{to}'") from None
+    if not recipient.domain:
+        raise Fail(f"'to' is not a valid email address: '{to}'")
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = recipient
+    msg["Subject"] = " ".join(subject.split())
+    msg["Date"] = email.utils.formatdate(localtime=True)
+    msg["Message-ID"] = email.utils.make_msgid(domain=sender.domain or "localhost")
+    if body.isascii():
+        msg.set_content(body)
+    else:
+        msg.set_content(body, cte="base64")     # UTF-8; base64 needs no 8BITMIME
+    return msg, recipient
+
+
+def send(params):
+    missing = [key for key in ("to", "subject", "body") if not isinstance(params.get(key), str)]
+    if missing:
+        raise Fail("action 'send' needs 'to', 'subject' and 'body'; missing: " + ", ".join(missing))
+    to, subject, body = params["to"].strip(), params["subject"], params["body"]
+    if len(subject) > SUBJECT_MAX:
+        raise Fail(f"subject is longer than {SUBJECT_MAX} characters")
+
+    host = env("IAS_SMTP_HOST")
+    if not host:
+        raise Fail("sending email is not configured: set IAS_SMTP_HOST (and IAS_SMTP_USER, IAS_SMTP_PASSWORD)")
+    mode = ssl_mode("IAS_SMTP_SSL")
+    port = port_of("IAS_SMTP_PORT", {"ssl": 465, "starttls": 587, "none": 25}[mode])
+    user, password = credentials("IAS_SMTP")
+    sender = sender_address(user)
+    msg, recipient = build_message(sender, to, subject, body)
+
+    where = f"SMTP server {host}:{port}"
+    try:
+        if mode == "ssl":
+            server = smtplib.SMTP_SSL(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT,
+                                      context=tls_context())
+        else:
+            server = smtplib.SMTP(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT)
+    except Exception as exc:
+        raise Fail(network_error(exc, where, "IAS_SMTP")) from None
+    try:
+        if mode == "starttls":
+            server.ehlo()
+            server.starttls(context=tls_context())
+            server.ehlo()
+        if user:
+            server.login(user, password)
+        server.send_message(msg, from_addr=sender.addr_spec, to_addrs=[recipient.addr_spec])
+    except smtplib.SMTPAuthenticationError as exc:
+        raise Fail(f"SMTP login as {user} failed at {where}: {smtp_reply(exc)}. Check IAS_SMTP_USER and "
+                   "IAS_SMTP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
+    except smtplib.SMTPRecipientsRefused as exc:
+        reasons = "; ".join(f"{code} {text.decode('utf-8', 'replace') if isinstance(text, bytes) else text}"
+                            for code, text in exc.recipients.values())
+        raise Fail(f"{where} refused the recipient {recipient.addr_spec}: {reasons}") from None
+    except smtplib.SMTPSenderRefused as exc:
+        raise Fail(f"{where} refused the sender {sender.addr_spec}: {smtp_reply(exc)} (many providers "
+                   "require From to be the logged-in account)") from None
+    except smtplib.SMTPNotSupportedError as exc:
+        hint = " (set IAS_SMTP_SSL=ssl or none)" if mode == "starttls" else ""
+        raise Fail(f"{where}: {exc}{hint}") from None
+    except Exception as exc:
+        raise Fail(network_error(exc, where, "IAS_SMTP")) from None
+    finally:
+        try:
+            server.quit()
+        except Exception:
+            server.close()
+    return {"success": True, "sent": True, "from": str(sender), "to": recipient.addr_spec,
+            "subject": str(msg["Subject"]), "message_id": str(msg["Message-ID"])}
+
+
+def smtp_reply(exc):
+    text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
+    return f"{exc.smtp_code} {' '.join(text.split())}"
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+
+def imap_text(exc_or_data):
+    """The server's text from an imaplib error or response data."""
+    value = exc_or_data.args[0] if isinstance(exc_or_data, Exception) and exc_or_data.args else exc_or_data
+    if isinstance(value, list):
+        value = value[-1] if value else b""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return " ".join(str(value).split())
+
+
+class Mailbox:
+    """An IMAP session with INBOX opened read-only; use as a context manager."""
+
+    def __init__(self):
+        self.host = env("IAS_IMAP_HOST")
+        if not self.host:
+            raise Fail("reading email is not configured: set IAS_IMAP_HOST (and IAS_IMAP_USER, IAS_IMAP_PASSWORD)")
+        self.mode = ssl_mode("IAS_IMAP_SSL")
+        self.port = port_of("IAS_IMAP_PORT", 993 if self.mode == "ssl" else 143)
+        self.user, self.password = credentials("IAS_IMAP")
+        self.where = f"IMAP server {self.host}:{self.port}"
+        self.imap = None
+
+    def __enter__(self):
+        stage = "connect"
+        try:
+            if self.mode == "ssl":
+                self.imap = imaplib.IMAP4_SSL(self.host, self.port, ssl_context=tls_context(), timeout=NET_TIMEOUT)
+            else:
+                self.imap = imaplib.IMAP4(self.host, self.port, timeout=NET_TIMEOUT)
+                if self.mode == "starttls":
+                    stage = "starttls"
+                    self.imap.starttls(ssl_context=tls_context())
+            if self.user:
+                stage = "login"
+                self.imap.login(self.user, self.password)
+            stage = "id"
+            self.send_id()
+            stage = "select"
+            typ, data = self.imap.select("INBOX", readonly=True)
+            if typ != "OK":
+                raise Fail(f"{self.where} would not open INBOX: {imap_text(data)}")
+        except Fail:
+            self.close()
+            raise
+        except UnicodeEncodeError:
+            self.close()
+            raise Fail("IMAP login needs an ASCII user name and password (IAS_IMAP_USER, IAS_IMAP_PASSWORD)") from None
+        except imaplib.IMAP4.error as exc:
+            self.close()
+            if stage == "login":
+                raise Fail(f"IMAP login as {self.user} failed at {self.where}: {imap_text(exc)}. Check IAS_IMAP_USER "
+                           "and IAS_IMAP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
+            if stage == "starttls":
+                raise Fail(f"{self.where}: STARTTLS failed: {imap_text(exc)} (set IAS_IMAP_SSL=ssl or none)") from None
+            raise Fail(f"{self.where}: {stage} failed: {imap_text(exc)}") from None
+        except Exception as exc:
+            self.close()
+            raise Fail(network_error(exc, self.where, "IAS_IMAP")) from None
+        return self
+
+    def send_id(self):
+        """RFC 2971 ID, only when advertised (capabilities may grow after login)."""
+        capabilities = {c.upper() for c in self.imap.capabilities}
+        if "ID" not in capabilities and self.user:
+            typ, data = self.imap.capability()
+            if typ == "OK" and data and isinstance(data[-1], bytes):
+                capabilities |= set(data[-1].decode("ascii", "replace").upper().split())
+        if "ID" not in capabilities:
+            return
+        imaplib.Commands.setdefault("ID", ("NONAUTH", "AUTH", "SELECTED"))
+        self.imap.xatom("ID", f'("name" "iAs" "version" "{VERSION}" "vendor" "iAs")')
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        if self.imap is not None:
+            try:
+                self.imap.logout()
+            except Exception:
+                pass
+            self.imap = None
+
+    def uid(self, command, *args):
+        try:
+            typ, data = self.imap.uid(command, *args)
+        except imaplib.IMAP4.error as exc:
+            raise Fail(f"{self.where}: UID {command} failed: {imap_text(exc)}") from None
+        except Exception as exc:
+            raise Fail(network_error(exc, self.where, "IAS_IMAP")) from None
+        if typ != "OK":
+            raise Fail(f"{self.where}: UID {command} failed: {imap_text(data)}")
+        return data
+
+
+def fetched(data):
+    """{uid: literal bytes} from UID FETCH response data (the UID may come before or after the literal)."""
+    found = {}
+    pending = None
+    for item in data:
+        if isinstance(item, tuple) and len(item) >= 2:
+            match = re.search(rb"\bUID (\d+)", item[0])
+            if match:
+                found[int(match.group(1))] = item[1]
+                pending = None
+            else:
+                pending = item[1]
+        elif isinstance(item, bytes) and pending is not None:
+            match = re.search(rb"\bUID (\d+)", item)
+            if match:
+                found[int(match.group(1))] = pending
+            pending = None
+    return found
+
+
+def list_unread(params):
+    limit = params.get("limit", LIMIT_DEFAULT)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
+        raise Fail(f"limit must be an integer from 1 to {LIMIT_MAX}")
+    with Mailbox() as box:
+        data = box.uid("SEARCH", None, "UNSEEN")
+        uids = sorted({int(x) for chunk in data if isinstance(chunk, bytes) for x in chunk.split() if x.isdigit()},
+                      reverse=True)
+        newest = uids[:limit]
+        messages = []
+        if newest:
+            data = box.uid("FETCH", ",".join(map(str, newest)), "(UID BODY.PEEK[HEADER.FIELDS (FROM SUBJECT DATE)])")
+            headers = fetched(data)
+            for uid in newest:
+                if uid not in headers:
+                    continue
+                msg = email.message_from_bytes(headers[uid])
+                messages.append({"uid": str(uid), "from": header_text(msg["From"]),
+                                 "subject": header_text(msg["Subject"]), "date": header_text(msg["Date"])})
+    return {"success": True, "unread": len(uids), "messages": messages}
+
+
+def read(params):
+    uid = params.get("uid")
+    if isinstance(uid, int) and not isinstance(uid, bool):
+        uid = str(uid)
+    if not isinstance(uid, str) or not re.fullmatch(r"[1-9][0-9]{0,9}", uid.strip()):
+        raise Fail("action 'read' needs 'uid': the digits list_unread returned, e.g. \"1234\"")
+    uid = uid.strip()
+    with Mailbox() as box:
+        raw = fetched(box.uid("FETCH", uid, "(UID BODY.PEEK[])")).get(int(uid))
+    if raw is None:
+        raise Fail(f"no message with uid {uid} in INBOX")
+    msg = email.message_from_bytes(raw)
+    body, attachments = message_body(msg)
+    result = {"success": True, "uid": uid, "from": header_text(msg["From"]), "to": header_text(msg["To"])}
+    if msg["Cc"] is not None:
+        result["cc"] = header_text(msg["Cc"])
+    result.update(subject=header_text(msg["Subject"]), date=header_text(msg["Date"]), body=body[:BODY_MAX],
+                  attachments=attachments)
+    if len(body) > BODY_MAX:
+        result["body_truncated"] = True
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+
+
+def network_error(exc, where, prefix):
+    """A clear one-line message for a connection or protocol failure (no traceback, no password)."""
+    if isinstance(exc, Fail):
+        return str(exc)
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return f"{where} closed the connection: {exc or 'unexpectedly'}"
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return f"{where} answered {smtp_reply(exc)}"
+    if isinstance(exc, smtplib.SMTPException):
+        return f"{where}: {exc}"
+    if isinstance(exc, imaplib.IMAP4.error):
+        return f"{where}: {imap_text(exc)}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (f"the TLS certificate of {where} could not be verified ({exc.verify_message}); "
+                "for a private CA set SSL_CERT_FILE")
+    if isinstance(exc, ssl.SSLError):
+        return (f"TLS failed with {where} ({exc.reason or exc}); check {prefix}_SSL (ssl for 465/993, "
+                f"starttls for 587/143, none for plain text) and {prefix}_PORT")
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection to {where} refused; check {prefix}_HOST and {prefix}_PORT"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return f"no answer from {where} within {NET_TIMEOUT} s"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host of {where}: {exc.strerror or exc}; check {prefix}_HOST"
+    if isinstance(exc, OSError):
+        return f"network error with {where}: {exc.strerror or exc}"
+    return f"unexpected error with {where}: {type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------
+
+
+ACTIONS = {"send": send, "list_unread": list_unread, "read": read}
+
+
+def main():
+    try:
+        params = json.loads(sys.stdin.buffer.read() or b"{}")
+        if not isinstance(params, dict):
+            raise ValueError
+    except ValueError:
+        emit({"success": False, "error": "parameters on stdin must be one JSON object"})
+        return
+    action = params.get("action")
+    if action not in ACTIONS:
+        emit({"success": False, "error": "action must be send, list_unread or read"})
+        return
+    try:
+        result = ACTIONS[action](params)
+    except Fail as exc:
+        result = {"success": False, "error": str(exc)}
+    except Exception as exc:        # a bug or a server answer nobody expected: still no traceback
+        result = {"success": False, "error": f"email {action} failed: {type(exc).__name__}: {exc}"}
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

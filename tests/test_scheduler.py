@@ -1,0 +1,235 @@
+"""The scheduler against real PostgreSQL with an injected clock: each slot exactly once."""
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+from ias.agent import Agent
+from ias.cron import TZ
+from ias.llm import LLM
+from ias.router import Router
+from ias.runner import Runner
+from ias.scheduler import Scheduler, TaskError, add_task, set_enabled, update_task
+from ias.skills import load_registry
+from ias.store import Store
+from tests.servers.llm import LLMServer, calls, text
+from tests.support import CODE_LINE, FIXTURES, REPO, FakeChannel, GateTestCase, StoreTestCase
+
+T0 = datetime(2026, 12, 2, 7, 0, tzinfo=TZ)          # a Wednesday morning, Beijing time
+
+
+class Clock:
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Recorder:
+    """An `execute` that records what ran."""
+
+    def __init__(self):
+        self.ran: list[tuple[int, str]] = []
+
+    async def __call__(self, task) -> str:
+        self.ran.append((task.id, task.text))
+        return task.text
+
+
+class SchedulerTest(StoreTestCase):
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.clock = Clock(T0)
+        self.recorder = Recorder()
+        self.scheduler = Scheduler(self.store, self.recorder, now=self.clock)
+
+    async def tick(self, at: datetime, scheduler: Scheduler | None = None) -> int:
+        self.clock.now = at
+        runs = await (scheduler or self.scheduler).tick()
+        await asyncio.gather(*runs)
+        return len(runs)
+
+    async def test_fires_on_time(self):
+        task = await add_task(self.store, "owner", "早安", "0 8 * * *", "reminder", "起床啦", now=T0)
+        self.assertEqual(task.next_run_at, T0.replace(hour=8))
+        self.assertEqual(await self.tick(T0.replace(hour=7, minute=59, second=59)), 0)
+        self.assertEqual(await self.tick(T0.replace(hour=8)), 1)
+        self.assertEqual(await self.tick(T0.replace(hour=8, minute=0, second=30)), 0)
+        self.assertEqual(self.recorder.ran, [(task.id, "起床啦")])
+        self.assertEqual((await self.store.task(task.id)).next_run_at, T0.replace(day=3, hour=8))
+        [run] = await self.store.task_runs(task.id)
+        self.assertEqual((run.status, run.reply, run.slot), ("ok", "起床啦", T0.replace(hour=8)))
+        self.assertEqual(await self.tick(T0.replace(day=3, hour=8, minute=1)), 1)
+
+    async def test_missed_slots_run_once_then_regular_schedule(self):
+        task = await add_task(self.store, "owner", "hourly", "every 1h", "reminder", "tick", now=T0)
+        # The daemon was down from 07:30 to 12:30: four slots (08–11, 12:00) missed.
+        self.assertEqual(await self.tick(T0.replace(hour=12, minute=30)), 1)
+        self.assertEqual(await self.tick(T0.replace(hour=12, minute=31)), 0)
+        self.assertEqual((await self.store.task(task.id)).next_run_at, T0.replace(hour=13))
+        self.assertEqual(await self.tick(T0.replace(hour=13)), 1)
+        self.assertEqual(len(self.recorder.ran), 2)
+
+    async def test_two_loops_on_one_database_run_each_slot_once(self):
+        other_store = await Store.open(self.dsn)
+        other = Scheduler(other_store, self.recorder, now=self.clock)
+        try:
+            tasks = [await add_task(self.store, "owner", f"t{i}", "every 1m", "reminder", str(i), now=T0)
+                     for i in range(5)]
+            for minute in range(1, 11):
+                self.clock.now = T0 + timedelta(minutes=minute)
+                runs = await asyncio.gather(self.scheduler.tick(), other.tick())
+                await asyncio.gather(*runs[0], *runs[1])
+            self.assertEqual(len(self.recorder.ran), 5 * 10)
+            for task in tasks:
+                slots = [r.slot for r in await self.store.task_runs(task.id, limit=100)]
+                self.assertEqual(len(slots), len(set(slots)), slots)
+        finally:
+            await other_store.close()
+
+    async def test_one_shot_disabled_after_its_run(self):
+        task = await add_task(self.store, "owner", "once", "2026-12-24 08:00", "reminder", "平安夜", now=T0)
+        self.assertEqual(await self.tick(datetime(2026, 12, 24, 8, 0, 1, tzinfo=TZ)), 1)
+        done = await self.store.task(task.id)
+        self.assertEqual((done.enabled, done.next_run_at), (False, None))
+        self.assertEqual(await self.tick(datetime(2027, 1, 1, tzinfo=TZ)), 0)
+        with self.assertRaisesRegex(TaskError, "already past"):
+            await add_task(self.store, "owner", "late", "2026-12-01 08:00", "reminder", "x", now=T0)
+
+    async def test_paused_task_never_fires_and_resume_skips_missed_slots(self):
+        task = await add_task(self.store, "owner", "p", "*/10 * * * *", "reminder", "x", now=T0)
+        await set_enabled(self.store, task.id, False, now=T0)
+        for minutes in (10, 20, 60, 600):
+            self.assertEqual(await self.tick(T0 + timedelta(minutes=minutes)), 0)
+        resumed = await set_enabled(self.store, task.id, True, now=T0 + timedelta(minutes=605))
+        self.assertEqual(resumed.next_run_at, T0 + timedelta(minutes=610))
+        self.assertEqual(self.recorder.ran, [])
+
+    async def test_update_and_bad_input(self):
+        task = await add_task(self.store, "owner", "t", "0 8 * * *", "reminder", "x", now=T0)
+        updated = await update_task(self.store, task.id, schedule="30 9 * * 1-5", text="y", now=T0)
+        self.assertEqual((updated.schedule, updated.text, updated.next_run_at), ("30 9 * * 1-5", "y", T0.replace(hour=9, minute=30)))
+        for bad in ("61 * * * *", "every 0m", "whenever", ""):
+            with self.assertRaises(TaskError):
+                await add_task(self.store, "owner", "t", bad, "reminder", "x", now=T0)
+        with self.assertRaisesRegex(TaskError, "kind"):
+            await add_task(self.store, "owner", "t", "@daily", "email", "x", now=T0)
+        with self.assertRaisesRegex(TaskError, "no task with id 999"):
+            await update_task(self.store, 999, text="z")
+
+    async def test_failed_run_is_recorded_and_not_repeated(self):
+        async def broken(task):
+            raise RuntimeError("channel down")
+        scheduler = Scheduler(self.store, broken, now=self.clock)
+        task = await add_task(self.store, "owner", "t", "0 8 * * *", "reminder", "x", now=T0)
+        self.assertEqual(await self.tick(T0.replace(hour=8), scheduler), 1)
+        self.assertEqual(await self.tick(T0.replace(hour=8, minute=5), scheduler), 0)
+        [run] = await self.store.task_runs(task.id)
+        self.assertEqual((run.status, run.error), ("error", "channel down"))
+
+    async def test_real_loop_sleeps_until_due_and_wakes_on_change(self):
+        scheduler = Scheduler(self.store, self.recorder)         # the real clock
+        loop = asyncio.create_task(scheduler.run())
+        try:
+            await asyncio.sleep(0.3)                             # asleep: no task at all
+            soon = (datetime.now(TZ) + timedelta(seconds=1.5)).strftime("%Y-%m-%d %H:%M:%S")
+            await add_task(self.store, "owner", "soon", soon, "reminder", "now!")
+            for _ in range(100):
+                if self.recorder.ran:
+                    break
+                await asyncio.sleep(0.05)
+            self.assertEqual([t for _, t in self.recorder.ran], ["now!"])
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+
+
+class TaskThroughAgentTest(GateTestCase):
+    """Prompt tasks run through the agent; the model manages tasks through the two skills."""
+
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.registry = load_registry(REPO / "resources" / "skills", FIXTURES / "gate")
+        self.gate.registry = self.registry
+        self.gate.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs",
+                                  environ={"PATH": os.environ["PATH"], "IAS_DATABASE_URL": self.dsn,
+                                           "IAS_DATA_DIR": str(self.tmp)})
+        self.server = LLMServer().__enter__()
+        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01,))
+        self.channel = FakeChannel()
+        self.router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm),
+                             {"fake": self.channel})
+
+    async def asyncTearDown(self):
+        await self.llm.close()
+        await asyncio.to_thread(self.server.__exit__)
+        await super().asyncTearDown()
+
+    async def test_prompt_task_reply_reaches_the_owner(self):
+        self.server.script(calls(("get_current_datetime", {"format": "date"})), text("早上好！今天是星期三。"))
+        task = await add_task(self.store, "owner", "早报", "0 7 * * *", "prompt", "告诉我今天星期几", now=T0 - timedelta(hours=1))
+        scheduler = Scheduler(self.store, self.router.run_task, now=lambda: T0)
+        await asyncio.gather(*await scheduler.tick())
+        self.assertEqual(self.channel.sent, [("owner", "早上好！今天是星期三。")])
+        self.assertIn("告诉我今天星期几", self.server.requests[0]["messages"][-1]["content"])
+        [run] = await self.store.task_runs(task.id)
+        self.assertEqual((run.status, run.reply), ("ok", "早上好！今天是星期三。"))
+
+    async def test_model_lists_and_adds_a_task_after_approval_and_it_fires(self):
+        when = datetime.now(TZ) + timedelta(days=1)
+        slot = when.strftime("%Y-%m-%d %H:%M")
+        self.server.script(
+            calls(("manage_scheduled_task", {"action": "add", "name": "喝水", "schedule": slot,
+                                             "kind": "reminder", "text": "该喝水了"})),
+            text("已添加。"),
+            calls(("list_scheduled_tasks", {})),
+            text("你有一个任务：喝水。"))
+        turn = asyncio.create_task(self.router.turn("owner", "明天提醒我喝水", self.channel))
+        message = await self.channel.wait_for("确认码：")
+        self.assertIn(f"schedule: {slot}", message)
+        await self.approvals.redeem("owner", CODE_LINE.search(message).group(1))
+        self.assertEqual(await turn, "已添加。")
+        added = json.loads(self.server.requests[1]["messages"][-1]["content"])
+        self.assertTrue(added["success"], added)
+        self.assertEqual(added["task"]["name"], "喝水")
+
+        self.assertEqual(await self.router.turn("owner", "我有哪些任务", self.channel), "你有一个任务：喝水。")
+        listed = json.loads(self.server.requests[3]["messages"][-1]["content"])
+        self.assertEqual([t["name"] for t in listed["tasks"]], ["喝水"])
+
+        fire_at = datetime.strptime(slot, "%Y-%m-%d %H:%M").replace(tzinfo=TZ)
+        scheduler = Scheduler(self.store, self.router.run_task, now=lambda: fire_at)
+        await asyncio.gather(*await scheduler.tick())
+        self.assertEqual(self.channel.sent[-1], ("owner", "该喝水了"))
+
+    async def test_task_skill_errors_are_clear(self):
+        self.server.script(calls(("manage_scheduled_task", {"action": "pause"})), text("ok"))
+        turn = asyncio.create_task(self.router.turn("owner", "暂停任务", self.channel))
+        message = await self.channel.wait_for("确认码：")
+        await self.approvals.redeem("owner", CODE_LINE.search(message).group(1))
+        await turn
+        result = json.loads(self.server.requests[1]["messages"][-1]["content"])
+        self.assertEqual(result, {"success": False, "error": "pause needs the task id (see list_scheduled_tasks)"})
+
+
+class TasksCliTest(StoreTestCase):
+    def ias(self, *args):
+        env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent"}
+        return subprocess.run([sys.executable, str(REPO / "ias.py"), "tasks", *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    async def test_add_echoes_three_runs_and_rejects_bad_schedules(self):
+        result = await asyncio.to_thread(self.ias, "add", "--name", "n", "--schedule", "0 7 * * *", "--text", "t")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("next: "), 3)
+        bad = await asyncio.to_thread(self.ias, "add", "--name", "n", "--schedule", "0 25 * * *", "--text", "t")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("hour", bad.stderr)
+        listed = await asyncio.to_thread(self.ias, "list", "--json")
+        self.assertEqual([t["schedule"] for t in json.loads(listed.stdout)], ["0 7 * * *"])
+        for action in ("pause", "resume", "remove"):
+            self.assertEqual((await asyncio.to_thread(self.ias, action, "1")).returncode, 0)
+        self.assertEqual((await asyncio.to_thread(self.ias, "remove", "1")).returncode, 1)
