@@ -1,0 +1,253 @@
+"""A local iLink bot server (Tencent's WeChat "ClawBot" protocol), written from reference/wechat-ilink.md.
+
+- QR login: `get_bot_qrcode` hands out a new id each time; `get_qrcode_status` answers the
+  scripted steps in `login` one per poll (default: `wait`, held for `hold` seconds). A
+  `need_verifycode` step (with `code`) repeats until a poll carries that `verify_code`; a
+  `confirmed` step is completed with this server's token, bot id, base URL and owner; a step
+  may carry `hold` (seconds before answering). A poll for anything but the newest QR id
+  handed out is a protocol problem.
+- `getupdates` takes the next scripted reply from `updates` if any (`{"http": 500}` for an
+  HTTP error), else holds the request until the message log grows past the caller's cursor
+  (`buf-<n>`) or `hold` passes. With `stale` set every authenticated call answers -14.
+- `sendmessage` records each `msg` in `sent` and answers the next of `send_replies`, else ret 0.
+
+Authenticated calls are checked for the required headers and `base_info`; a bad one is
+answered with an error and listed in `problems`, which tests expect to stay empty. Every
+request is recorded in `requests`.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+AUTHENTICATED = ("/ilink/bot/getupdates", "/ilink/bot/sendmessage")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict
+    headers: dict
+    body: object
+    at: float
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def handle_error(self, request, client_address):
+        pass                    # a client that went away mid-hold (stop(), timeouts) is expected
+
+
+class ILinkServer:
+    """Start with `with ILinkServer() as server:` (or start()/close()); `base_url` is the API root."""
+
+    def __init__(self, hold: float = 1.0, token: str = "bot-token-1", owner: str = "o9cq-owner@im.wechat",
+                 bot_id: str = "b0f5-bot@im.bot"):
+        self.hold = hold
+        self.token = token
+        self.owner = owner
+        self.bot_id = bot_id
+        self.requests: list[Request] = []
+        self.problems: list[str] = []
+        self.login: list[dict] = []
+        self.qrcodes: list[str] = []
+        self.updates: list[dict] = []
+        self.log: list[dict] = []
+        self.send_replies: list[dict] = []
+        self.sent: list[dict] = []
+        self.stale = False
+        self._ids = itertools.count(7_000_000_000_000_000_001)
+        self._cond = threading.Condition()
+        self._closing = False
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status: int, body: dict) -> None:
+                data = json.dumps(body, ensure_ascii=False).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                path, _, query = self.path.partition("?")
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                params = {k: v[0] for k, v in parse_qs(query).items()}
+                with server._cond:
+                    server.requests.append(Request(method, path, params, headers, body, time.monotonic()))
+                status, reply = server._route(method, path, params, headers, body)
+                self._reply(status, reply)
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_POST(self):
+                self._handle("POST")
+
+        self.httpd = _HTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
+
+    # -- scripting --------------------------------------------------------------------------
+    def message(self, text: str | None = "你好", *, sender: str | None = None, items: list | None = None,
+                message_type: int = 1, context_token: str | None = None, message_id: int | None = None) -> dict:
+        """Queue an inbound message (text by default) and wake a held getupdates."""
+        with self._cond:
+            mid = message_id if message_id is not None else next(self._ids)
+            msg = {"seq": len(self.log) + 1, "message_id": mid, "from_user_id": sender or self.owner,
+                   "to_user_id": self.bot_id, "create_time_ms": int(time.time() * 1000),
+                   "message_type": message_type, "message_state": 2,
+                   "context_token": context_token or f"ctx-{mid}",
+                   "item_list": items if items is not None else [{"type": 1, "text_item": {"text": text}}]}
+            self.log.append(msg)
+            self._cond.notify_all()
+        return msg
+
+    def redeliver(self, msg: dict) -> None:
+        """Queue an already delivered message again (the service does that after reconnects)."""
+        with self._cond:
+            self.log.append(dict(msg))
+            self._cond.notify_all()
+
+    def calls(self, path: str) -> list[Request]:
+        with self._cond:
+            return [r for r in self.requests if r.path == path]
+
+    # -- protocol ---------------------------------------------------------------------------
+    def _problem(self, text: str) -> dict:
+        with self._cond:
+            self.problems.append(text)
+        return {"ret": -1, "errcode": -1, "errmsg": text}
+
+    def _route(self, method: str, path: str, params: dict, headers: dict, body) -> tuple[int, dict]:
+        if path == "/ilink/bot/get_bot_qrcode" and method == "POST":
+            return 200, self._qrcode(params, body)
+        if path == "/ilink/bot/get_qrcode_status" and method == "GET":
+            return 200, self._qr_status(params)
+        if path in AUTHENTICATED and method == "POST":
+            problem = self._check(headers, body)
+            if problem:
+                return 200, self._problem(f"{path}: {problem}")
+            if self.stale:
+                return 200, {"ret": -14, "errcode": -14, "errmsg": "session timeout"}
+            if path.endswith("getupdates"):
+                return self._getupdates(body)
+            return 200, self._sendmessage(body)
+        return 404, {"ret": -1, "errmsg": f"no such endpoint: {method} {path}"}
+
+    def _check(self, headers: dict, body) -> str | None:
+        expected = {"content-type": "application/json", "authorizationtype": "ilink_bot_token",
+                    "authorization": f"Bearer {self.token}", "ilink-app-id": "bot",
+                    "ilink-app-clientversion": "132099"}
+        for name, value in expected.items():
+            if headers.get(name) != value:
+                return f"header {name} is {headers.get(name)!r}"
+        try:
+            uin = int(base64.b64decode(headers.get("x-wechat-uin", ""), validate=True).decode())
+        except ValueError:
+            return "X-WECHAT-UIN is not base64 of a decimal number"
+        if not 0 <= uin < 2 ** 32:
+            return "X-WECHAT-UIN is not a uint32"
+        info = body.get("base_info") if isinstance(body, dict) else None
+        if not isinstance(info, dict) or info.get("channel_version") != "2.4.3" \
+                or not str(info.get("bot_agent", "")).startswith("iAs/"):
+            return f"base_info is {info!r}"
+        return None
+
+    def _qrcode(self, params: dict, body) -> dict:
+        if params.get("bot_type") != "3" or body != {"local_token_list": []}:
+            return self._problem(f"get_bot_qrcode with {params} {body!r}")
+        with self._cond:
+            qrcode = f"qr-{len(self.qrcodes) + 1}-{next(self._ids) % 100000}"
+            self.qrcodes.append(qrcode)
+        return {"ret": 0, "qrcode": qrcode,
+                "qrcode_img_content": f"https://liteapp.weixin.qq.com/q/7GiQu1?qrcode={qrcode}&bot_type=3"}
+
+    def _qr_status(self, params: dict) -> dict:
+        with self._cond:
+            if self.qrcodes and params.get("qrcode") != self.qrcodes[-1]:
+                self.problems.append(f"status poll for {params.get('qrcode')!r}, not the newest QR code")
+            step = self.login[0] if self.login else {"status": "wait", "hold": self.hold}
+            if step["status"] == "need_verifycode" and params.get("verify_code") == step["code"]:
+                self.login.pop(0)
+                step = self.login.pop(0) if self.login else {"status": "wait"}
+            elif step["status"] != "need_verifycode" and self.login:
+                self.login.pop(0)
+        if step.get("hold"):
+            self._wait(step["hold"])
+        reply = {k: v for k, v in step.items() if k not in ("hold", "code")}
+        if reply["status"] == "confirmed":
+            defaults = {"bot_token": self.token, "ilink_bot_id": self.bot_id, "baseurl": self.base_url,
+                        "ilink_user_id": self.owner}
+            reply = {k: v for k, v in {**defaults, **reply}.items() if v is not None}
+        return {"ret": 0, **reply}
+
+    def _wait(self, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing, timeout=seconds)
+
+    def _getupdates(self, body: dict) -> tuple[int, dict]:
+        with self._cond:
+            step = self.updates.pop(0) if self.updates else None
+        if step is not None:
+            return (step["http"], {"ret": -1, "errmsg": "scripted HTTP error"}) if "http" in step else (200, step)
+        cursor = body.get("get_updates_buf") or ""
+        if cursor and not cursor.startswith("buf-"):
+            return 200, self._problem(f"unknown cursor {cursor!r}")
+        start = int(cursor[4:]) if cursor else 0
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.log) > start or self._closing or self.stale, timeout=self.hold)
+            if self.stale:
+                return 200, {"ret": -14, "errcode": -14, "errmsg": "session timeout"}
+            return 200, {"ret": 0, "msgs": self.log[start:], "get_updates_buf": f"buf-{len(self.log)}",
+                         "longpolling_timeout_ms": int(self.hold * 1000)}
+
+    def _sendmessage(self, body: dict) -> dict:
+        msg = body.get("msg") if isinstance(body, dict) else None
+        items = msg.get("item_list") if isinstance(msg, dict) else None
+        if not isinstance(msg, dict) or msg.get("from_user_id") != "" or not msg.get("to_user_id") \
+                or not str(msg.get("client_id", "")) or msg.get("message_type") != 2 or msg.get("message_state") != 2 \
+                or not isinstance(items, list) or len(items) != 1 or items[0].get("type") != 1 \
+                or not isinstance(items[0].get("text_item", {}).get("text"), str):
+            return self._problem(f"sendmessage with {body!r}")
+        with self._cond:
+            self.sent.append(msg)
+            return self.send_replies.pop(0) if self.send_replies else {"ret": 0, "errmsg": ""}
+
+    # -- life -------------------------------------------------------------------------------
+    def start(self) -> "ILinkServer":
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "ILinkServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
