@@ -45,6 +45,7 @@ WECHAT_LOGIN_DEADLINE = 480.0       # seconds for the whole QR login
 WECHAT_QR_POLL_TIMEOUT = 35.0       # seconds of one get_qrcode_status long poll (a client timeout means "wait")
 WECHAT_QR_POLL_PAUSE = 1.0          # seconds between QR status polls
 WECHAT_QR_CODES_MAX = 3             # QR codes shown (the first and refreshes after expiry) before giving up
+WECHAT_QR_POLL_ERRORS_MAX = 5       # failed QR status polls in a row (not timeouts) before giving up
 WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
 WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
 WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish

@@ -40,6 +40,7 @@ BOUND = ("这个微信已经绑定过 iAs 机器人（binded_redirect），本�
          "如需重新绑定，请先在微信里删除该机器人，再运行 `ias wechat login`。")
 EXPIRED = "二维码已过期 {total} 次，登录已取消。请重新运行 `ias wechat login`。"
 TIMEOUT = "登录超时（{minutes:g} 分钟内没有完成扫码确认），请重新运行 `ias wechat login`。"
+UNREACHABLE = "连续 {n} 次无法查询二维码状态（{url}），登录已取消。请检查网络后重新运行 `ias wechat login`。"
 INCOMPLETE = "微信确认了登录，但没有返回 bot_token 或 ilink_user_id，请重新运行 `ias wechat login`。"
 
 Ask = Callable[[str], Awaitable[str]] | Callable[[str], str]
@@ -100,16 +101,16 @@ async def _qrcode(api: ILink, out: Callable[[str], None]) -> str:
     return qrcode
 
 
-async def _status(api: ILink, qrcode: str, code: str | None, timeout: float) -> dict:
-    """One long poll of the QR status; a client timeout or a network error counts as `wait`."""
+async def _status(api: ILink, qrcode: str, code: str | None, timeout: float) -> dict | None:
+    """One long poll of the QR status: the reply, `wait` on a client timeout, None when it failed."""
     query = f"qrcode={quote(qrcode, safe='')}" + (f"&verify_code={quote(code, safe='')}" if code else "")
     try:
         return await api.get(f"ilink/bot/get_qrcode_status?{query}", timeout)
     except TimeoutError:
         return {"status": "wait"}
     except (OSError, WeChatError) as exc:
-        log.warning("WeChat login: status poll at %s failed (%s); polling again", api.base_url, exc)
-        return {"status": "wait"}
+        log.warning("WeChat login: status poll at %s failed (%s)", api.base_url, exc)
+        return None
 
 
 async def _answer(ask: Ask, prompt: str, timeout: float) -> str:
@@ -126,9 +127,16 @@ async def login(store, base_url: str = DEFAULT_BASE_URL, *, out: Callable[[str],
     home = ILink(base_url)
     started = now()
     qrcode = await _qrcode(home, out)
-    shown, api, code, told = 1, home, None, False
+    shown, api, code, told, failures = 1, home, None, False, 0
     while (left := deadline - (now() - started)) > 0:
         reply = await _status(api, qrcode, code, min(poll_timeout, left))
+        if reply is None:
+            failures += 1
+            if failures >= limits.WECHAT_QR_POLL_ERRORS_MAX:
+                raise WeChatError(UNREACHABLE.format(url=api.base_url, n=failures))
+            await asyncio.sleep(pause)
+            continue
+        failures = 0
         status = reply.get("status")
         if status == "confirmed":
             return await _confirm(store, reply, base_url, out)

@@ -1,13 +1,12 @@
 """The agent with the real `openai` client against a local OpenAI-compatible server."""
 import asyncio
 import json
+import logging
 import os
-import threading
 import unittest
 from datetime import datetime, timezone
 
 from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, Agent, system_prompt
-from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.router import NOTHING_PENDING, Router
@@ -181,12 +180,26 @@ class ApprovalThroughConsoleTest(AgentTestCase):
         os.write(self.write_fd, (line + "\n").encode())
 
     async def test_approved(self):
+        """A full flow; the code is found only in the one message to the owner."""
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.DEBUG)
+        handler.emit = records.append
+        root = logging.getLogger()
+        old_level = root.level
+        root.addHandler(handler)
+        root.setLevel(logging.DEBUG)
+        self.addCleanup(root.setLevel, old_level)
+        self.addCleanup(root.removeHandler, handler)
         self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "ok"})), text("已完成。"))
         self.type("请标记一下")
         await self.screen.wait_for("回复确认码以继续")
         code = self.screen.text.split("确认码：")[1][:6]
         self.type(code)
         await self.screen.wait_for("已完成。")
+        self.assertEqual(self.screen.text.count(code), 1)
+        self.assertFalse([r for r in records if code in r.getMessage()])
+        audit = self.sql("SELECT string_agg(a::text, ' ') FROM audit_log a")[0][0]
+        self.assertNotIn(code, audit)
         self.assertEqual(self.runs(), 1)
         self.assertEqual(json.loads(self.tool_messages()[0]["content"]), {"success": True, "note": "ok"})
         for raw in self.server.raw:

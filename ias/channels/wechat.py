@@ -382,7 +382,10 @@ class WeChatChannel(Channel):
             peer.context_token = token
         peer.last_inbound = self._now()
         peer.sent = 0
-        await self._save(sender, peer)
+        try:
+            await self._save(sender, peer)
+        except IasError as exc:     # already marked seen: deliver anyway, the values are kept in memory
+            log.error("WeChat: could not store the context of message %s: %s", message_id, exc)
         text, other = _items(message.get("item_list"))
         log.info("WeChat: message %s from the owner (%d characters%s)", message_id, len(text),
                  ", unsupported items" if other else "")

@@ -2,7 +2,8 @@
 
 - QR login: `get_bot_qrcode` hands out a new id each time; `get_qrcode_status` answers the
   scripted steps in `login` one per poll (default: `wait`, held for `hold` seconds). A
-  `need_verifycode` step (with `code`) repeats until a poll carries that `verify_code`; a
+  `need_verifycode` step (with `code`) repeats until a poll carries that `verify_code` (after
+  `attempts` wrong codes it turns into `verify_code_blocked`); a
   `confirmed` step is completed with this server's token, bot id, base URL and owner; a step
   may carry `hold` (seconds before answering). A poll for anything but the newest QR id
   handed out is a protocol problem.
@@ -188,14 +189,20 @@ class ILinkServer:
             if self.qrcodes and params.get("qrcode") != self.qrcodes[-1]:
                 self.problems.append(f"status poll for {params.get('qrcode')!r}, not the newest QR code")
             step = self.login[0] if self.login else {"status": "wait", "hold": self.hold}
-            if step["status"] == "need_verifycode" and params.get("verify_code") == step["code"]:
+            code = params.get("verify_code")
+            if step["status"] == "need_verifycode" and code == step["code"]:
                 self.login.pop(0)
                 step = self.login.pop(0) if self.login else {"status": "wait"}
+            elif step["status"] == "need_verifycode" and code:
+                step["wrong"] = step.get("wrong", 0) + 1
+                if step["wrong"] >= step.get("attempts", 1 << 30):
+                    self.login.pop(0)
+                    step = {"status": "verify_code_blocked"}
             elif step["status"] != "need_verifycode" and self.login:
                 self.login.pop(0)
         if step.get("hold"):
             self._wait(step["hold"])
-        reply = {k: v for k, v in step.items() if k not in ("hold", "code")}
+        reply = {k: v for k, v in step.items() if k not in ("hold", "code", "attempts", "wrong")}
         if reply["status"] == "confirmed":
             defaults = {"bot_token": self.token, "ilink_bot_id": self.bot_id, "baseurl": self.base_url,
                         "ilink_user_id": self.owner}

@@ -68,6 +68,10 @@ class _Conn:
     def line(self, text: str) -> None:
         self.send(text.encode("utf-8") + b"\r\n")
 
+    def close(self) -> None:
+        self.rfile.close()
+        self.sock.close()
+
     def start_tls(self, context: ssl.SSLContext) -> None:
         self.rfile.close()
         self.sock = context.wrap_socket(self.sock, server_side=True)
@@ -100,13 +104,15 @@ class _Base:
             def handle(self):
                 with outer._lock:
                     outer.connections += 1
+                conn = _Conn(self.request)
                 try:
-                    conn = _Conn(self.request)
                     if outer.tls == "ssl":
                         conn.start_tls(outer.context)
                     outer.session(conn)
                 except (OSError, ssl.SSLError) as exc:
                     outer.errors.append(f"{type(exc).__name__}: {exc}")
+                finally:
+                    conn.close()
 
         self._server = _TCPServer(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]
