@@ -77,6 +77,14 @@ async def resolve_owner(config: Config, store: Store) -> str:
     return stored if isinstance(stored, str) and stored else "owner"
 
 
+async def wechat(config: Config, store: Store, on_stale=None):
+    """The WeChat channel when logged in (environment or stored login), else None."""
+    from .channels.wechat import WeChatChannel
+    from .wechat_login import credentials
+    creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
+    return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale)
+
+
 def make_llm(config: Config):
     """The LLM client, or None without an API key (imports openai only when there is one)."""
     if not config.openai_api_key:
@@ -85,12 +93,40 @@ def make_llm(config: Config):
     return LLM(config.openai_api_key, config.openai_base_url, config.model)
 
 
-def terminal_approvals(approvals: Approvals, user: str) -> Notify:
-    """For `run` and `--once`: ask on the terminal (message on stderr, reply from stdin).
+@asynccontextmanager
+async def owner_approvals(config: Config, c: "Core") -> AsyncIterator[tuple[str, Notify]]:
+    """For `run` and `--once`: the owner, and how to ask them — WeChat when logged in, else the terminal.
 
-    Without a terminal nobody can answer: the notification fails, so the call ends as not
-    confirmed, and stderr says why.
+    Over WeChat, replies arrive through the channel's long poll while the call waits; messages
+    that are not approval replies are answered with a note (the daemon, not a one-off
+    command, holds conversations). Without WeChat or a terminal nobody can answer: the
+    notification fails, so the call ends as not confirmed, and stderr says why.
     """
+    channel = await wechat(config, c.store)
+    if channel is None:
+        user = await resolve_owner(config, c.store)
+        yield user, terminal_approvals(c.approvals, user)
+        return
+    user = config.owner or channel.owner
+
+    async def answer(message: Inbound) -> None:
+        reply = await c.approvals.redeem(message.user_id, message.text)
+        await channel.send(message.user_id, reply or BUSY)
+
+    async def notify(text: str) -> bool:
+        return await channel.send(user, text)
+    await channel.start(answer)
+    try:
+        yield user, notify
+    finally:
+        await channel.stop()
+
+
+BUSY = "iAs 正在执行一条命令行请求，这条消息没有处理，请稍后再发。"
+
+
+def terminal_approvals(approvals: Approvals, user: str) -> Notify:
+    """Ask on the terminal: the message on stderr, the reply read from stdin."""
     console = ConsoleChannel(user, stdout=sys.stderr)
     if not console.interactive():
         return _explain_no_confirm
@@ -116,13 +152,13 @@ async def run_once(config: Config, text: str) -> int:
     async with open_store(config) as store:
         c = core(config, store)
         llm = make_llm(config)
-        user = owner(config)
         try:
             if llm is None and not text.strip().startswith("/"):
                 print(NO_LLM, file=sys.stderr)
                 return 1
             agent = Agent(c.registry, c.gate, store, llm)
-            reply = await agent.turn(user, text, terminal_approvals(c.approvals, user))
+            async with owner_approvals(config, c) as (user, notify):
+                reply = await agent.turn(user, text, notify)
             print(reply)
             return 1 if reply == APOLOGY else 0
         finally:
@@ -153,9 +189,16 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
         llm = make_llm(config)
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work")
-        user = owner(config)
+        user = await resolve_owner(config, store)
         console = ConsoleChannel(user, stdin=stdin, stdout=stdout)
+
+        async def stale(note: str) -> None:
+            await console.send(user, note)
         channels: dict[str, Channel] = {console.name: console}
+        weixin = await wechat(config, store, on_stale=stale)
+        if weixin is not None:
+            user = config.owner or weixin.owner
+            channels = {weixin.name: weixin, console.name: console}    # WeChat first: the primary channel
         router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels)
         leftovers = await c.approvals.expire_leftovers()
         await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "

@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("id", type=int)
         t.add_argument("--json", action="store_true")
 
+    wx = sub.add_parser("wechat", help="WeChat (iLink) login and its state")
+    wx.add_argument("action", choices=["login", "status", "logout"])
+
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
         if args.command == "tasks":
             return asyncio.run(cmd_tasks(config, args))
+        if args.command == "wechat":
+            return asyncio.run(cmd_wechat(config, args.action))
         if args.command == "doctor":
             return asyncio.run(cmd_doctor(config))
         from . import app
@@ -133,7 +138,7 @@ def cmd_skills(config, args) -> int:
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
-    from .app import core, open_store, owner, terminal_approvals
+    from .app import core, open_store, owner_approvals
     try:
         params = json.loads(params_text)
     except json.JSONDecodeError as exc:
@@ -141,8 +146,8 @@ async def cmd_run(config, name: str, params_text: str) -> int:
         return 2
     async with open_store(config) as store:
         c = core(config, store)
-        user = owner(config)
-        result = await c.gate.call(user, name, params, terminal_approvals(c.approvals, user))
+        async with owner_approvals(config, c) as (user, notify):
+            result = await c.gate.call(user, name, params, notify)
         print(json.dumps(result, ensure_ascii=False))
         return 0 if result.get("success") else 1
 
@@ -201,9 +206,13 @@ async def cmd_doctor(config) -> int:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
             pending = await store.approvals()
             line(True, "database", f"{where}, schema applied, {len(pending)} pending approvals")
-            wechat = await store.get_state("wechat", "token")
-            line(True if wechat or config.wechat_token else None, "channel",
-                 "WeChat logged in" if wechat or config.wechat_token else "WeChat not logged in: console channel")
+            from .wechat_login import status
+            wx = await status(store)
+            if config.wechat_token or wx["logged_in"]:
+                line(not wx["stale"], "channel", "WeChat session expired: run `ias wechat login`" if wx["stale"]
+                     else f"WeChat, owner {config.wechat_owner or wx['owner']}")
+            else:
+                line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
     except IasError as exc:
         line(False, "database", str(exc))
     llm = make_llm(config)
@@ -289,4 +298,25 @@ async def cmd_tasks(config, args) -> int:
               + ("" if task.enabled else " — paused"))
         for when in runs:
             print(f"  next: {when:%Y-%m-%d %H:%M:%S} (Beijing time)")
+    return 0
+
+
+async def cmd_wechat(config, action: str) -> int:
+    from .app import open_store
+    from .channels.wechat import DEFAULT_BASE_URL
+    from .wechat_login import login, logout, status
+    async with open_store(config) as store:
+        if action == "login":
+            done = await login(store, config.wechat_base_url or DEFAULT_BASE_URL, out=print,
+                               ask=lambda prompt: asyncio.to_thread(input, prompt))
+            print(f"已登录：owner {done['owner']}, bot {done['bot_id']}. Restart the daemon to use WeChat.")
+        elif action == "logout":
+            await logout(store)
+            print("WeChat login forgotten.")
+        else:
+            state = await status(store)
+            for key, value in state.items():
+                print(f"{key}: {value}")
+            if config.wechat_token:
+                print("note: IAS_WECHAT_TOKEN is set and wins over the stored login")
     return 0

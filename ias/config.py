@@ -39,7 +39,7 @@ class Config:
     model: str = "gpt-4o-mini"
     owner: str | None = None
     approval_timeout: float = 300.0
-    wechat_base_url: str = "https://ilinkai.weixin.qq.com"
+    wechat_base_url: str | None = None      # None: the stored login's, else https://ilinkai.weixin.qq.com
     wechat_token: str | None = None
     wechat_owner: str | None = None
     skills_dir: Path = REPO_ROOT / "skills"

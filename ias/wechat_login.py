@@ -113,10 +113,14 @@ async def _status(api: ILink, qrcode: str, code: str | None, timeout: float) -> 
         return None
 
 
-async def _answer(ask: Ask, prompt: str, timeout: float) -> str:
+async def _answer(ask: Ask, prompt: str, timeout: float, deadline: float) -> str:
+    """The user's answer; an awaitable `ask` is bounded by what is left of the login's time."""
     answer = ask(prompt)
     if inspect.isawaitable(answer):
-        answer = await asyncio.wait_for(answer, max(timeout, 0.001))
+        try:
+            answer = await asyncio.wait_for(answer, max(timeout, 0.001))
+        except TimeoutError:
+            raise WeChatError(TIMEOUT.format(minutes=deadline / 60)) from None
     return str(answer or "").strip()
 
 
@@ -144,7 +148,7 @@ async def login(store, base_url: str = DEFAULT_BASE_URL, *, out: Callable[[str],
             out(SCANNED)
             told = True
         elif status == "need_verifycode":
-            code = await _answer(ask, VERIFY_AGAIN if code else VERIFY, deadline - (now() - started))
+            code = await _answer(ask, VERIFY_AGAIN if code else VERIFY, deadline - (now() - started), deadline)
             continue
         elif status == "verify_code_blocked":
             raise WeChatError(BLOCKED)

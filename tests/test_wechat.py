@@ -213,7 +213,7 @@ class ReceiveTest(WeChatTestCase):
         self.assertLessEqual(len(self.polls()) - before, 2)             # held, not a busy loop
         started = time.monotonic()
         await self.inbound("今天天气怎么样")
-        self.assertLess(time.monotonic() - started, 0.5)
+        self.assertLess(time.monotonic() - started, 0.75)                 # did not wait for the hold to end
         self.assertEqual(self.delivered[-1].channel, "wechat")
         self.assertEqual(self.delivered[-1].user_id, self.server.owner)
         self.assertEqual(self.delivered[-1].text, "今天天气怎么样")

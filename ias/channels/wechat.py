@@ -254,14 +254,14 @@ def _items(items: Any) -> tuple[str, bool]:
         text = holder.get("text") if isinstance(holder, dict) else None
         if isinstance(text, str) and text.strip():
             texts.append(text)
-        else:
+        elif kind != TEXT:          # media, or voice without a transcript
             other = True
     return "\n".join(texts), other
 
 
 @dataclass(slots=True)
 class _Peer:
-    """What the channel tracks per user, persisted under `peer:<id>` (in-process only)."""
+    """What the channel tracks per user; all but the locks is persisted under `peer:<id>`."""
     context_token: str | None = None
     last_inbound: float | None = None       # epoch seconds
     sent: int = 0                           # bot messages since the user's last message
@@ -312,13 +312,16 @@ class WeChatChannel(Channel):
 
     # -- receiving ------------------------------------------------------------------------
     async def _poll(self) -> None:
-        cursor = await self.store.get_state(CHANNEL, CURSOR) or ""
-        marked = await self.store.get_state(CHANNEL, STALE_MARK) is not None
+        cursor: str | None = None           # read inside the loop, so a database hiccup is retried too
+        marked = False
         hold = limits.WECHAT_POLL_TIMEOUT
         failures = 0
         log.info("WeChat: polling %s as bot %s for owner %s", self._api.base_url, self.credentials.bot_id, self.owner)
         while True:
             try:
+                if cursor is None:
+                    cursor = await self.store.get_state(CHANNEL, CURSOR) or ""
+                    marked = await self.store.get_state(CHANNEL, STALE_MARK) is not None
                 reply = await self._api.call("ilink/bot/getupdates", {"get_updates_buf": cursor},
                                              hold + limits.WECHAT_POLL_MARGIN)
                 code = error_code(reply)

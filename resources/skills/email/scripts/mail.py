@@ -342,8 +342,14 @@ def send(params):
         raise Fail(f"{where} refused the sender {sender.addr_spec}: {smtp_reply(exc)} (many providers "
                    "require From to be the logged-in account)") from None
     except smtplib.SMTPNotSupportedError as exc:
-        hint = " (set IAS_SMTP_SSL=ssl or none)" if mode == "starttls" else ""
-        raise Fail(f"{where}: {exc}{hint}") from None
+        if "AUTH" in str(exc):
+            hint = ("; it offers no login here: if it wants TLS first set IAS_SMTP_SSL=starttls or ssl, "
+                    "for a relay without login unset IAS_SMTP_USER")
+        elif mode == "starttls":
+            hint = " (set IAS_SMTP_SSL=ssl or none)"
+        else:
+            hint = ""
+        raise Fail(f"{where}: {str(exc).rstrip('.')}{hint}") from None
     except Exception as exc:
         raise Fail(network_error(exc, where, "IAS_SMTP")) from None
     finally:
@@ -400,6 +406,8 @@ class Mailbox:
             if self.user:
                 stage = "login"
                 self.imap.login(self.user, self.password)
+            elif self.imap.state == "NONAUTH":
+                raise Fail(f"{self.where} needs a login: set IAS_IMAP_USER and IAS_IMAP_PASSWORD")
             stage = "id"
             self.send_id()
             stage = "select"
@@ -534,6 +542,8 @@ def network_error(exc, where, prefix):
     if isinstance(exc, Fail):
         return str(exc)
     if isinstance(exc, smtplib.SMTPServerDisconnected):
+        if "timed out" in str(exc):
+            return f"no answer from {where} within {NET_TIMEOUT} s"
         return f"{where} closed the connection: {exc or 'unexpectedly'}"
     if isinstance(exc, smtplib.SMTPResponseException):
         return f"{where} answered {smtp_reply(exc)}"

@@ -159,20 +159,23 @@ def main():
     env = {k: v for k, v in os.environ.items()
            if k not in ("IAS_PARAMS", "IAS_SHELL_TIMEOUT") and not k.startswith("IAS_PARAM_")}
     limit = inner_timeout()
+    started_pids = []
+
+    def stop(signum, _frame):
+        # The runner's own timeout or shutdown: the command's group left ours, so end it too.
+        for pid in started_pids:
+            signal_group(pid, signal.SIGKILL)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
         proc = subprocess.Popen(["bash", "-c", "--", command], cwd=home, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
         fail(f"could not start bash: {exc.strerror or exc}")
-
-    def stop(signum, _frame):
-        # The runner's own timeout or shutdown: end the command's group too, then go.
-        signal_group(proc.pid, signal.SIGKILL)
-        os._exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, stop)
+    started_pids.append(proc.pid)
 
     out = Capture(proc.stdout, LIMITS["stdout"])
     err = Capture(proc.stderr, LIMITS["stderr"])

@@ -1,0 +1,130 @@
+"""WeChat end to end: a turn with a High skill confirmed from WeChat, and a daemon restart."""
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+from ias.agent import Agent
+from ias.channels.wechat import Credentials, WeChatChannel
+from ias.llm import LLM
+from ias.router import Router
+from tests.servers.ilink import ILinkServer
+from tests.servers.llm import LLMServer, calls, text
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
+
+
+async def until(predicate, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        await asyncio.sleep(0.02)
+
+
+class WeChatTurnTest(GateTestCase):
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.ilink = ILinkServer(hold=0.5).start()
+        self.llm_server = LLMServer().__enter__()
+        self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
+        self.channel = WeChatChannel(self.store, Credentials(self.ilink.token, self.ilink.base_url, self.ilink.bot_id,
+                                                             self.ilink.owner), retry_delay=0.05, backoff_delay=0.1)
+        self.router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm),
+                             {"wechat": self.channel})
+        await self.channel.start(self.router.deliver)
+
+    async def asyncTearDown(self):
+        await self.channel.stop()
+        await self.router.cancel()
+        await self.llm.close()
+        await asyncio.to_thread(self.llm_server.__exit__)
+        await asyncio.to_thread(self.ilink.close)
+        await super().asyncTearDown()
+
+    async def test_high_skill_confirmed_over_wechat(self):
+        owner = self.ilink.owner
+        self.llm_server.script(calls(("mark_high", {"marker": str(self.marker), "note": "微信"})), text("已经标记好了。"))
+        self.ilink.message("帮我标记一下", context_token="ctx-ask")
+        await until(lambda: any("确认码：" in m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent))
+        [ask] = self.ilink.sent
+        self.assertEqual((ask["to_user_id"], ask["context_token"]), (owner, "ctx-ask"))
+        code = re.search(r"确认码：(\d{6})", ask["item_list"][0]["text_item"]["text"]).group(1)
+        self.ilink.message(code, context_token="ctx-code")
+        await until(lambda: any(m["item_list"][0]["text_item"]["text"] == "已经标记好了。" for m in self.ilink.sent))
+        self.assertEqual(self.runs(), 1)
+        final = self.ilink.sent[-1]
+        self.assertEqual((final["to_user_id"], final["context_token"]), (owner, "ctx-code"))
+        self.assertEqual(len({m["client_id"] for m in self.ilink.sent}), len(self.ilink.sent))
+        self.assertEqual(self.ilink.problems, [])
+        for raw in self.llm_server.raw:
+            self.assertNotIn(code.encode(), raw)
+
+    async def test_other_users_are_not_served(self):
+        self.ilink.message("你好", sender="stranger@im.wechat")
+        self.ilink.message("/help")
+        await until(lambda: self.ilink.sent)
+        await asyncio.sleep(0.3)
+        self.assertEqual([m["to_user_id"] for m in self.ilink.sent], [self.ilink.owner])
+        self.assertEqual(self.llm_server.requests, [])
+
+
+class WeChatDaemonRestartTest(unittest.TestCase):
+    def setUp(self):
+        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-wx-"))
+        self.ilink = ILinkServer(hold=0.5).start()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_", "NOTIFY_"))}
+        self.env.update({"IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": str(self.tmp),
+                         "IAS_SKILLS_DIR": str(FIXTURES / "gate"), "IAS_WECHAT_TOKEN": self.ilink.token,
+                         "IAS_WECHAT_OWNER": self.ilink.owner, "IAS_WECHAT_BASE_URL": self.ilink.base_url})
+
+    def tearDown(self):
+        self.ilink.close()
+        drop_schema(self.schema_name)
+        subprocess.run(["rm", "-rf", str(self.tmp)])
+
+    def daemon(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(REPO / "ias.py")], env=self.env, cwd=self.tmp,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def wait_sent(self, count: int, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.ilink.sent) < count:
+            self.assertLess(time.monotonic(), deadline, f"only {len(self.ilink.sent)} sent")
+            time.sleep(0.05)
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0, proc.stderr.read())
+        proc.stderr.close()
+
+    def test_restart_resumes_from_cursor_and_never_handles_a_message_twice(self):
+        first = self.daemon()
+        handled = self.ilink.message("/help")
+        self.wait_sent(1)
+        self.assertIn("/reset", self.ilink.sent[0]["item_list"][0]["text_item"]["text"])
+        self.stop(first)
+        polls_before = len(self.ilink.calls("/ilink/bot/getupdates"))
+
+        self.ilink.redeliver(handled)              # the service sends the same message again
+        self.ilink.message("/skills")
+        second = self.daemon()
+        self.wait_sent(2)
+        time.sleep(0.5)
+        self.stop(second)
+        texts = [m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent]
+        self.assertEqual(len(texts), 2, texts)
+        self.assertIn("mark_high（高风险）", texts[1])
+        resumed = self.ilink.calls("/ilink/bot/getupdates")[polls_before]
+        self.assertEqual(resumed.body["get_updates_buf"], "buf-1")          # the stored cursor
+        self.assertEqual(self.ilink.problems, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
