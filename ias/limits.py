@@ -26,6 +26,7 @@ SHUTDOWN_GRACE = 5.0                # seconds for channels and turns to stop on 
 
 # Scheduler
 SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)
+SCHEDULER_RETRY = 5.0               # seconds before the loop retries after a database error
 TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_runs
 
 # WeChat (iLink)

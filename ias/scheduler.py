@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from .cron import parse_schedule
-from .limits import SCHEDULER_MAX_SLEEP, TASK_REPLY_MAX
+from .errors import StoreError
+from .limits import SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
 from .store import Store, Task
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,15 @@ class Scheduler:
     async def run(self) -> None:
         """Forever: run what is due, then sleep until the next due time or a change to the tasks."""
         while True:
-            await self.tick()
-            due = await self.store.next_due()
-            wait = self.max_sleep if due is None else (due - self.now()).total_seconds()
-            if wait > 0:
-                await self.store.wait_for_task_change(min(wait, self.max_sleep))
+            try:
+                await self.tick()
+                due = await self.store.next_due()
+                wait = self.max_sleep if due is None else (due - self.now()).total_seconds()
+                if wait > 0:
+                    await self.store.wait_for_task_change(min(wait, self.max_sleep))
+            except StoreError as exc:
+                log.error("scheduler: %s; retrying in %.0fs", exc, SCHEDULER_RETRY)
+                await asyncio.sleep(SCHEDULER_RETRY)
 
     async def stop(self) -> None:
         """Cancel runs in flight (their rows end as errors; the slots are not repeated)."""

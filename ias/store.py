@@ -437,10 +437,33 @@ class Store:
             return [TaskRun(**row) for row in await cur.fetchall()]
 
     async def wait_for_task_change(self, timeout: float) -> bool:
-        """Wait up to `timeout` s for a change to scheduled_tasks (LISTEN on a dedicated connection)."""
+        """Wait up to `timeout` s for a change to scheduled_tasks (LISTEN on a dedicated connection).
+
+        Waits on the socket itself: psycopg's `notifies()` wakes every 0.1 s to poll, which
+        would keep an idle daemon busy.
+        """
         if self._listen_conn is None or self._listen_conn.closed:
             self._listen_conn = await self._connect()
             await self._listen_conn.execute("LISTEN ias_tasks")
-        async for _ in self._listen_conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-            return True
-        return False
+        pgconn = self._listen_conn.pgconn
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        loop.add_reader(pgconn.socket, readable.set)
+        try:
+            while True:
+                pgconn.consume_input()
+                if pgconn.notifies() is not None:
+                    while pgconn.notifies() is not None:
+                        pass
+                    return True
+                readable.clear()
+                try:
+                    await asyncio.wait_for(readable.wait(), max(0.0, timeout))
+                except asyncio.TimeoutError:
+                    return False
+        except psycopg.OperationalError as exc:
+            await self._listen_conn.close()
+            self._listen_conn = None
+            raise StoreError(f"lost the LISTEN connection: {str(exc).strip().splitlines()[0]}") from None
+        finally:
+            loop.remove_reader(pgconn.socket)
