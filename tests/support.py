@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import re
 import shutil
@@ -112,8 +113,17 @@ CODE_LINE = re.compile(r"确认码：(\d{6})")
 
 
 class GateTestCase(StoreTestCase):
-    """A store plus the gate over the fixture skills in tests/fixtures/gate."""
+    """A store plus the gate over `system_skills` and `user_skills` (default: tests/fixtures/gate).
+
+    The runner's environment is `runner_environ()`: PATH plus what a subclass adds (e.g. the
+    base URL of a local server started before `super().asyncSetUp()`).
+    """
     approval_timeout = 5.0
+    system_skills: Path | None = None
+    user_skills: Path | None = FIXTURES / "gate"
+
+    def runner_environ(self) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"]}
 
     async def asyncSetUp(self) -> None:
         await super().asyncSetUp()
@@ -123,8 +133,8 @@ class GateTestCase(StoreTestCase):
         from ias.skills import load_registry
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-gate-"))
         self.key = os.urandom(32)
-        self.registry = load_registry(None, FIXTURES / "gate")
-        self.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"]})
+        self.registry = load_registry(self.system_skills, self.user_skills)
+        self.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=self.runner_environ())
         self.approvals = Approvals(self.store, self.key, self.approval_timeout)
         self.gate = Gate(self.registry, self.runner, self.store, self.approvals)
         self.marker = self.tmp / "marker"
@@ -141,6 +151,19 @@ class GateTestCase(StoreTestCase):
         """Start a High call in the background; returns its task."""
         params.setdefault("marker", str(self.marker))
         return asyncio.create_task(self.gate.call(user, "mark_high", params, notify or self.owner.notify))
+
+
+def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:
+    """Every log record emitted (at any level) until the test ends."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    root = logging.getLogger()
+    test.addCleanup(root.setLevel, root.level)
+    test.addCleanup(root.removeHandler, handler)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    return records
 
 
 class FakeChannel:

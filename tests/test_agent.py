@@ -1,7 +1,6 @@
 """The agent with the real `openai` client against a local OpenAI-compatible server."""
 import asyncio
 import json
-import logging
 import os
 import unittest
 from datetime import datetime, timezone
@@ -10,9 +9,8 @@ from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, Agent, system_prom
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.router import NOTHING_PENDING, Router
-from ias.skills import load_registry
 from tests.servers.llm import LLMServer, calls, error, text
-from tests.support import FIXTURES, REPO, GateTestCase
+from tests.support import REPO, GateTestCase, capture_logs
 
 FIXED_NOW = datetime(2026, 12, 2, 1, 30, tzinfo=timezone.utc)       # 09:30 Beijing, a Wednesday
 
@@ -40,10 +38,10 @@ class Screen:
 
 
 class AgentTestCase(GateTestCase):
+    system_skills = REPO / "resources" / "skills"
+
     async def asyncSetUp(self):
         await super().asyncSetUp()
-        self.registry = load_registry(REPO / "resources" / "skills", FIXTURES / "gate")
-        self.gate.registry = self.registry
         self.server = LLMServer().__enter__()
         self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
         self.agent = Agent(self.registry, self.gate, self.store, self.llm, now=lambda: FIXED_NOW)
@@ -181,15 +179,7 @@ class ApprovalThroughConsoleTest(AgentTestCase):
 
     async def test_approved(self):
         """A full flow; the code is found only in the one message to the owner."""
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler(logging.DEBUG)
-        handler.emit = records.append
-        root = logging.getLogger()
-        old_level = root.level
-        root.addHandler(handler)
-        root.setLevel(logging.DEBUG)
-        self.addCleanup(root.setLevel, old_level)
-        self.addCleanup(root.removeHandler, handler)
+        records = capture_logs(self)
         self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "ok"})), text("已完成。"))
         self.type("请标记一下")
         await self.screen.wait_for("回复确认码以继续")

@@ -2,7 +2,6 @@
 import asyncio
 import hashlib
 import json
-import logging
 import os
 import stat
 import tempfile
@@ -14,7 +13,7 @@ from ias import approval
 from ias.approval import Approvals, code_hash, escape_visible, load_key, parse_reply, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
-from tests.support import GateTestCase, StoreTestCase
+from tests.support import GateTestCase, StoreTestCase, capture_logs
 
 REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"}
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
@@ -276,23 +275,13 @@ class OutcomeTest(GateTestCase):
 
 class CodeSecrecyTest(GateTestCase):
     async def test_code_appears_only_in_the_message_to_the_owner(self):
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler(logging.DEBUG)
-        handler.emit = records.append
-        root = logging.getLogger()
-        old_level = root.level
-        root.addHandler(handler)
-        root.setLevel(logging.DEBUG)
-        try:
-            task = self.call_high(note="x", api_token="sk-secret-value")
-            code = await self.owner.code()
-            wrong = f"{(int(code) + 1) % 10 ** 6:06d}"
-            await self.approvals.redeem("owner", wrong)
-            await self.approvals.redeem("owner", code)
-            result = await task
-        finally:
-            root.removeHandler(handler)
-            root.setLevel(old_level)
+        records = capture_logs(self)
+        task = self.call_high(note="x", api_token="sk-secret-value")
+        code = await self.owner.code()
+        wrong = f"{(int(code) + 1) % 10 ** 6:06d}"
+        await self.approvals.redeem("owner", wrong)
+        await self.approvals.redeem("owner", code)
+        result = await task
         self.assertEqual([m for m in self.owner.messages if code in m], self.owner.messages[:1])
         self.assertNotIn(code, json.dumps(result, ensure_ascii=False))
         for record in records:

@@ -10,12 +10,10 @@ from ias.agent import Agent
 from ias.cron import TZ
 from ias.llm import LLM
 from ias.router import Router
-from ias.runner import Runner
 from ias.scheduler import Scheduler, TaskError, add_task, set_enabled, update_task
-from ias.skills import load_registry
 from ias.store import Store
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import CODE_LINE, FIXTURES, REPO, FakeChannel, GateTestCase, StoreTestCase
+from tests.support import CODE_LINE, REPO, FakeChannel, GateTestCase, StoreTestCase
 
 T0 = datetime(2026, 12, 2, 7, 0, tzinfo=TZ)          # a Wednesday morning, Beijing time
 
@@ -150,13 +148,13 @@ class SchedulerTest(StoreTestCase):
 class TaskThroughAgentTest(GateTestCase):
     """Prompt tasks run through the agent; the model manages tasks through the two skills."""
 
+    system_skills = REPO / "resources" / "skills"
+
+    def runner_environ(self) -> dict[str, str]:
+        return {**super().runner_environ(), "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent"}
+
     async def asyncSetUp(self):
         await super().asyncSetUp()
-        self.registry = load_registry(REPO / "resources" / "skills", FIXTURES / "gate")
-        self.gate.registry = self.registry
-        self.gate.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs",
-                                  environ={"PATH": os.environ["PATH"], "IAS_DATABASE_URL": self.dsn,
-                                           "IAS_DATA_DIR": str(self.tmp)})
         self.server = LLMServer().__enter__()
         self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01,))
         self.channel = FakeChannel()
