@@ -95,6 +95,26 @@ class OnceTest(DaemonTestCase):
         self.assertNotIn("Traceback", result.stdout + result.stderr)
 
 
+class DoctorTest(DaemonTestCase):
+    def test_all_checks_pass_with_a_reachable_endpoint(self):
+        with LLMServer([]) as server:
+            result = self.ias("doctor", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url,
+                                             "IAS_MODEL": "test-model"})
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        lines = result.stdout.splitlines()
+        for check in ("config", "secret key", "skills", "database", "channel", "llm"):
+            self.assertTrue(any(line.split(":")[0].endswith(check) for line in lines), (check, lines))
+        self.assertIn("test-model found", result.stdout)
+        self.assertNotIn("FAIL", result.stdout)
+
+    def test_failures_are_one_line_each(self):
+        result = self.ias("doctor", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+        self.assertEqual(result.returncode, 1)
+        self.assertRegex(result.stdout, r"(?m)^FAIL  llm: http://127.0.0.1:9/v1 unreachable \(\w+\)$")
+        self.assertNotIn("Traceback", result.stdout + result.stderr)
+        self.assertIn("FAIL  llm: OPENAI_API_KEY is not set", self.ias("doctor").stdout)
+
+
 class DaemonTest(DaemonTestCase):
     def test_sigterm_stops_promptly_and_kills_running_skills(self):
         sock_path = str(self.tmp / "notify.sock")

@@ -203,6 +203,19 @@ class TaskThroughAgentTest(GateTestCase):
         await asyncio.gather(*await scheduler.tick())
         self.assertEqual(self.channel.sent[-1], ("owner", "该喝水了"))
 
+    async def test_high_skill_in_a_task_ends_unconfirmed_when_the_code_cannot_be_sent(self):
+        refusing = FakeChannel(deliver=False)          # e.g. outside WeChat's 24-hour window
+        router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm), {"fake": refusing})
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没能确认。"))
+        task = await add_task(self.store, "owner", "t", "0 8 * * *", "prompt", "标记", now=T0)
+        scheduler = Scheduler(self.store, router.run_task, now=lambda: T0.replace(hour=8))
+        await asyncio.gather(*await scheduler.tick())
+        self.assertEqual(json.loads(self.server.requests[1]["messages"][-1]["content"]),
+                         {"success": False, "error": "用户没有确认操作：mark_high"})
+        self.assertEqual(self.runs(), 0)
+        [run] = await self.store.task_runs(task.id)
+        self.assertEqual(run.status, "error")              # the reply could not be delivered either
+
     async def test_task_skill_errors_are_clear(self):
         self.server.script(calls(("manage_scheduled_task", {"action": "pause"})), text("ok"))
         turn = asyncio.create_task(self.router.turn("owner", "暂停任务", self.channel))
