@@ -9,7 +9,6 @@ STDOUT_TO_LLM = 64 * 1024           # bytes of stdout the model may see
 OUTPUT_HELD_MAX = 1024 * 1024       # bytes of output ever held; past that the group is killed
 STDERR_HELD_MAX = 64 * 1024         # bytes of stderr kept (the tail)
 ERROR_TAIL = 2000                   # characters of stderr/stdout tail in an error result
-READ_CHUNK = 64 * 1024              # bytes per pipe read
 KILL_POLL = 0.05                    # seconds between checks that a terminated group is gone
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)

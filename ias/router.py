@@ -52,6 +52,9 @@ class Router:
     async def turn(self, user_id: str, text: str, channel: Channel) -> str:
         """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`."""
         async def notify(message: str) -> bool:
+            if not channel.can_confirm():
+                log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
+                return False
             return await channel.send(user_id, message)
         async with self._turns.setdefault(user_id, asyncio.Lock()):
             return await self.agent.turn(user_id, text, notify)

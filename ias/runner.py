@@ -69,14 +69,12 @@ from .limits import (
     STDERR_HELD_MAX,
     STDOUT_TO_LLM,
 )
-from .skills import Skill
+from .skills import RESERVED_ENV, Skill
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _NOT_ENV_NAME = re.compile(r"[^A-Z0-9_]")
-_FIXED_NAMES = frozenset(
-    {"PATH", "LANG", "TZ", "HOME", "IAS_SKILL", "IAS_SKILL_DIR", "IAS_PARAMS", "IAS_PYTHON", "IAS_HOME"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +303,7 @@ class Runner:
         env = {}
         for name in skill.env:
             value = self._environ.get(name)
-            if value is not None and name not in _FIXED_NAMES and not name.startswith("IAS_PARAM_"):
+            if value is not None and name not in RESERVED_ENV and not name.startswith("IAS_PARAM_"):
                 env[name] = value
         env.update(
             PATH=self._environ.get("PATH") or DEFAULT_PATH,

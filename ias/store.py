@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -164,15 +165,14 @@ class Store:
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
                 yield conn
-            except psycopg.Error as exc:
-                if conn.closed or conn.broken:
-                    await conn.close()
-                    conn = None
-                if isinstance(exc, psycopg.OperationalError):
-                    raise StoreError(f"database error: {str(exc).strip().splitlines()[0]}") from exc
-                raise
+            except psycopg.OperationalError as exc:
+                raise StoreError(f"database error: {str(exc).strip().splitlines()[0]}") from exc
             finally:
-                if conn is not None and not conn.closed and not conn.broken:
+                # Only a healthy, idle connection goes back: one interrupted mid-query
+                # (cancelled task, broken socket) is closed instead.
+                if conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
+                    await conn.close()
+                else:
                     self._idle.append(conn)
 
     @asynccontextmanager

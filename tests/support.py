@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from ias.channels.base import Channel
 from ias.pgcluster import Cluster
 from ias.store import Store
 
@@ -166,8 +167,8 @@ def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:
     return records
 
 
-class FakeChannel:
-    """A channel whose sends are recorded (and can be refused); `next_message()` waits for one."""
+class FakeChannel(Channel):
+    """A channel whose sends are recorded (and can be refused); `wait_for()` waits for one."""
 
     def __init__(self, name: str = "fake", deliver: bool = True):
         self.name = name

@@ -163,7 +163,7 @@ class ApprovalThroughConsoleTest(AgentTestCase):
         read_fd, self.write_fd = os.pipe()
         self.stdin = os.fdopen(read_fd, "r")
         self.screen = Screen()
-        self.console = ConsoleChannel("owner", stdin=self.stdin, stdout=self.screen)
+        self.console = ConsoleChannel("owner", stdin=self.stdin, stdout=self.screen, interactive=True)
         self.router = Router(self.approvals, self.agent, {"console": self.console})
         await self.console.start(self.router.deliver)
 

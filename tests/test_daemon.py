@@ -145,6 +145,19 @@ class DaemonTest(DaemonTestCase):
         for event in ("daemon_start", "skill_started", "skill_finished", "daemon_stop"):
             self.assertIn(event, audit)
 
+    def test_no_code_is_printed_to_a_console_without_a_terminal(self):
+        proc = self.daemon()                      # stdout is a pipe here, the journal under systemd
+        marker = self.tmp / "m"
+        proc.stdin.write(f'/run mark_high {{"marker": "{marker}"}}\n')
+        proc.stdin.flush()
+        reply = "".join(proc.stdout.readline() for _ in range(4))
+        self.assertIn("用户没有确认操作：mark_high", reply)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        self.assertNotIn("确认码", reply + out + err)
+        self.assertIn("cannot ask owner for a confirmation on the console channel", err)
+        self.assertFalse(marker.exists())
+
     def test_second_instance_refuses(self):
         first = self.daemon()
         first.stdin.write("/help\n")

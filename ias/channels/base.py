@@ -34,3 +34,7 @@ class Channel(ABC):
     @abstractmethod
     async def send(self, user_id: str, text: str) -> bool:
         """Send `text` to `user_id`; True once delivered (or handed to the transport)."""
+
+    def can_confirm(self) -> bool:
+        """Whether a confirmation code may be sent here: a person reads it, and it is not a log."""
+        return True

@@ -18,20 +18,28 @@ class ConsoleChannel(Channel):
 
     name = "console"
 
-    def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None):
+    def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None,
+                 interactive: bool | None = None):
         self.user_id = user_id
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
+        self._interactive = interactive
         self.started = False
         self.closed = asyncio.Event()        # set when stdin reaches EOF
         self._thread: threading.Thread | None = None
 
     def interactive(self) -> bool:
-        """True when a person can answer: stdin is a terminal."""
+        """True when a person can answer: stdin is a terminal (unless told otherwise)."""
+        if self._interactive is not None:
+            return self._interactive
         try:
             return self.stdin.isatty()
         except (AttributeError, ValueError):
             return False
+
+    def can_confirm(self) -> bool:
+        # Without a terminal (e.g. under systemd) stdout is a log: a code must never go there.
+        return self.interactive()
 
     async def start(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
