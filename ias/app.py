@@ -65,14 +65,10 @@ def core(config: Config, store: Store, skills: Registry | None = None) -> Core:
     return Core(config, skills, store, runner, approvals, Gate(skills, runner, store, approvals))
 
 
-def owner(config: Config) -> str:
-    return config.owner or config.wechat_owner or "owner"
-
-
 async def resolve_owner(config: Config, store: Store) -> str:
     """The owner's user id: IAS_OWNER, else the WeChat owner (env or stored login), else `owner`."""
     if config.owner or config.wechat_owner:
-        return owner(config)
+        return config.owner or config.wechat_owner
     stored = await store.get_state("wechat", "owner")
     return stored if isinstance(stored, str) and stored else "owner"
 
@@ -197,7 +193,6 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
         channels: dict[str, Channel] = {console.name: console}
         weixin = await wechat(config, store, on_stale=stale)
         if weixin is not None:
-            user = config.owner or weixin.owner
             channels = {weixin.name: weixin, console.name: console}    # WeChat first: the primary channel
         router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels)
         leftovers = await c.approvals.expire_leftovers()
@@ -210,13 +205,13 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
         scheduler = Scheduler(store, router.run_task)
         scheduling = asyncio.create_task(scheduler.run())
         systemd.notify("READY=1\nSTATUS=serving")
-        log.warning("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
+        log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
         watchdog = asyncio.create_task(_watchdog(systemd.watchdog_interval()))
         try:
             await stop.wait()
         finally:
             systemd.notify("STOPPING=1")
-            log.warning("iAs is stopping")
+            log.info("iAs is stopping")
             watchdog.cancel()
             scheduling.cancel()
             await asyncio.gather(scheduling, return_exceptions=True)
