@@ -16,19 +16,18 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import tempfile
 import unittest
 from email.message import EmailMessage
 from pathlib import Path
 
 from ias import schema
-from ias.approval import Approvals
 from ias.gate import Gate
 from ias.runner import Runner
-from ias.skills import Registry, load_skill
+from ias.skills import load_skill
+from tests.servers import closed_port
 from tests.servers.mail import IMAPServer, SMTPServer, make_certificate, server_context
-from tests.support import REPO, FakeOwner, StoreTestCase
+from tests.support import REPO, GateTestCase
 
 SKILL = load_skill(REPO / "resources" / "skills" / "email", "system")
 USER, PASSWORD = "bot@example.com", "auth-code-123"
@@ -105,12 +104,6 @@ def imap_env(server: IMAPServer, **extra) -> dict[str, str]:
            "IAS_IMAP_USER": server.user, "IAS_IMAP_PASSWORD": server.password}
     env.update(extra)
     return env
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _SkillRun:
@@ -368,31 +361,24 @@ class TLSTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(imap.violations, [])
 
 
-class EmailGateTest(StoreTestCase):
+class EmailGateTest(GateTestCase):
     """Through the real approval gate: validation, the owner's code, then the run."""
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
 
-    async def asyncSetUp(self):
-        await super().asyncSetUp()
-        self.tmp = Path(tempfile.mkdtemp(prefix="ias-email-gate-"))
-        self.owner = FakeOwner()
-
-    async def asyncTearDown(self):
-        await super().asyncTearDown()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def gate(self, environ: dict[str, str]) -> tuple[Gate, Approvals]:
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"], **environ})
-        approvals = Approvals(self.store, os.urandom(32), 5)
-        return Gate(Registry({SKILL.name: SKILL}), runner, self.store, approvals), approvals
+    def gate_with(self, environ: dict[str, str]) -> Gate:
+        """`self.gate`, but its runner also has `environ` (for the mail servers each test starts)."""
+        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={**self.runner_environ(), **environ})
+        return Gate(self.registry, runner, self.store, self.approvals)
 
     async def test_send_after_approval(self):
         params = {"action": "send", "to": "boss@example.org", "subject": "请假：王堃", "body": "明天请假一天。"}
         with SMTPServer(USER, PASSWORD) as smtp:
-            gate, approvals = self.gate(smtp_env(smtp, IAS_SMTP_USER=USER, IAS_SMTP_PASSWORD=PASSWORD))
+            gate = self.gate_with(smtp_env(smtp, IAS_SMTP_USER=USER, IAS_SMTP_PASSWORD=PASSWORD))
             task = asyncio.create_task(gate.call("owner", "email", params, self.owner.notify))
             code = await self.owner.code()
             self.assertEqual(smtp.connections, 0)            # nothing happens before the code
-            await approvals.redeem("owner", code)
+            await self.approvals.redeem("owner", code)
             result = await asyncio.wait_for(task, 30)
         self.assertTrue(result["success"], result)
         (message,) = self.owner.messages
@@ -407,10 +393,10 @@ class EmailGateTest(StoreTestCase):
     async def test_list_unread_after_approval(self):
         with IMAPServer() as imap:
             uids = fill_mailbox(imap)
-            gate, approvals = self.gate(imap_env(imap))
+            gate = self.gate_with(imap_env(imap))
             task = asyncio.create_task(gate.call("owner", "email", {"action": "list_unread", "limit": 5},
                                                  self.owner.notify))
-            await approvals.redeem("owner", await self.owner.code())
+            await self.approvals.redeem("owner", await self.owner.code())
             result = await asyncio.wait_for(task, 30)
         self.assertTrue(result["success"], result)
         self.assertEqual(len(result["messages"]), 3)
@@ -431,7 +417,7 @@ class EmailGateTest(StoreTestCase):
         ]
         with SMTPServer() as smtp, IMAPServer() as imap:
             fill_mailbox(imap)
-            gate, _ = self.gate({**smtp_env(smtp), **imap_env(imap)})
+            gate = self.gate_with({**smtp_env(smtp), **imap_env(imap)})
             for params in bad_calls:
                 with self.subTest(params=params):
                     result = await gate.call("owner", "email", params, self.owner.notify)

@@ -7,19 +7,14 @@ HTTP to tests/servers/tavily.py.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import socket
-import tempfile
 import unittest
 from pathlib import Path
 
-from ias.approval import Approvals
 from ias.gate import Gate
 from ias.runner import Runner
-from ias.skills import load_registry
+from tests.servers import closed_port
 from tests.servers.tavily import KEY, TavilyServer
-from tests.support import REPO, StoreTestCase
+from tests.support import REPO, GateTestCase
 
 SEARCH_SCRIPT = REPO / "resources/skills/search_web/scripts/search.py"
 NEWS_SCRIPT = REPO / "skills/search_tavily/scripts/news.py"
@@ -33,32 +28,27 @@ def load_script(path: Path, name: str):
     return module
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class SearchCase(GateTestCase):
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
 
-
-class SearchCase(StoreTestCase):
     async def asyncSetUp(self) -> None:
-        await super().asyncSetUp()
         self.tv = TavilyServer().start()
-        self.addCleanup(self.tv.stop)
-        self.tmp = Path(tempfile.mkdtemp(prefix="ias-search-"))
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.registry = load_registry(REPO / "resources/skills", REPO / "skills")
-        self.approvals = Approvals(self.store, os.urandom(32), 5)
+        self.addCleanup(self.tv.close)
+        await super().asyncSetUp()
 
-    def gate(self, **env: str | None) -> Gate:
-        environ = {"PATH": os.environ["PATH"], "TAVILY_API_KEY": KEY, "TAVILY_BASE_URL": self.tv.base_url,
-                   "QWEATHER_API_KEY": "not-for-search"}
-        environ.update(env)
-        environ = {k: v for k, v in environ.items() if v is not None}
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=environ)
-        return Gate(self.registry, runner, self.store, self.approvals)
+    def runner_environ(self, **env: str | None) -> dict[str, str]:
+        """The runner's environment, with `env` set (None: unset) over the usual Tavily set-up."""
+        environ = {**super().runner_environ(), "TAVILY_API_KEY": KEY, "TAVILY_BASE_URL": self.tv.base_url,
+                   "QWEATHER_API_KEY": "not-for-search", **env}
+        return {k: v for k, v in environ.items() if v is not None}
 
     async def call(self, name: str, params, **env: str | None) -> dict:
-        return await self.gate(**env).call("owner", name, params)
+        gate = self.gate
+        if env:
+            runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=self.runner_environ(**env))
+            gate = Gate(self.registry, runner, self.store, self.approvals)
+        return await gate.call("owner", name, params)
 
     def assert_error(self, result: dict, *needles: str) -> None:
         self.assertIs(result["success"], False, result)

@@ -11,11 +11,9 @@ import unittest
 from pathlib import Path
 
 from ias import schema
-from ias.approval import Approvals
-from ias.gate import Gate
 from ias.runner import Runner
-from ias.skills import Registry, load_skill
-from tests.support import REPO, FakeOwner, StoreTestCase
+from ias.skills import load_skill
+from tests.support import REPO, GateTestCase
 
 SKILL = load_skill(REPO / "resources" / "skills" / "execute_shell", "system")
 
@@ -105,18 +103,9 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         self.assertFalse(process_running(int(result["stdout"])))
 
 
-class ShellGateTest(StoreTestCase):
-    async def asyncSetUp(self):
-        await super().asyncSetUp()
-        self.tmp = Path(tempfile.mkdtemp(prefix="ias-shell-gate-"))
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"]})
-        self.approvals = Approvals(self.store, os.urandom(32), 5)
-        self.gate = Gate(Registry({SKILL.name: SKILL}), runner, self.store, self.approvals)
-        self.owner = FakeOwner()
-
-    async def asyncTearDown(self):
-        await super().asyncTearDown()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+class ShellGateTest(GateTestCase):
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
 
     async def test_runs_exactly_what_the_owner_confirmed(self):
         marker = self.tmp / "ran"

@@ -7,19 +7,14 @@ HTTP to tests/servers/qweather.py, which answers gzip-compressed JSON like the r
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import socket
-import tempfile
 import unittest
 from pathlib import Path
 
-from ias.approval import Approvals
 from ias.gate import Gate
 from ias.runner import Runner
-from ias.skills import load_registry
+from tests.servers import closed_port
 from tests.servers.qweather import KEY, QWeatherServer
-from tests.support import REPO, StoreTestCase
+from tests.support import REPO, GateTestCase
 
 WEATHER_SCRIPT = REPO / "resources/skills/query_weather/scripts/weather_now.py"
 FORECAST_SCRIPT = REPO / "skills/query_qweather/scripts/forecast.py"
@@ -33,34 +28,28 @@ def load_script(path: Path, name: str):
     return module
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class WeatherCase(StoreTestCase):
+class WeatherCase(GateTestCase):
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
     server_options: dict = {}
 
     async def asyncSetUp(self) -> None:
-        await super().asyncSetUp()
         self.qw = QWeatherServer(**self.server_options).start()
-        self.addCleanup(self.qw.stop)
-        self.tmp = Path(tempfile.mkdtemp(prefix="ias-weather-"))
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.registry = load_registry(REPO / "resources/skills", REPO / "skills")
-        self.approvals = Approvals(self.store, os.urandom(32), 5)
+        self.addCleanup(self.qw.close)
+        await super().asyncSetUp()
 
-    def gate(self, **env: str | None) -> Gate:
-        environ = {"PATH": os.environ["PATH"], "QWEATHER_API_HOST": self.qw.base_url, "QWEATHER_API_KEY": KEY,
-                   "OPENAI_API_KEY": "sk-must-not-leak"}
-        environ.update(env)
-        environ = {k: v for k, v in environ.items() if v is not None}
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=environ)
-        return Gate(self.registry, runner, self.store, self.approvals)
+    def runner_environ(self, **env: str | None) -> dict[str, str]:
+        """The runner's environment, with `env` set (None: unset) over the usual QWeather set-up."""
+        environ = {**super().runner_environ(), "QWEATHER_API_HOST": self.qw.base_url, "QWEATHER_API_KEY": KEY,
+                   "OPENAI_API_KEY": "sk-must-not-leak", **env}
+        return {k: v for k, v in environ.items() if v is not None}
 
     async def call(self, name: str, params, **env: str | None) -> dict:
-        return await self.gate(**env).call("owner", name, params)
+        gate = self.gate
+        if env:
+            runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=self.runner_environ(**env))
+            gate = Gate(self.registry, runner, self.store, self.approvals)
+        return await gate.call("owner", name, params)
 
 
 class QueryWeatherTest(WeatherCase):

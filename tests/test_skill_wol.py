@@ -11,11 +11,9 @@ import unittest
 from pathlib import Path
 
 from ias import schema
-from ias.approval import Approvals
-from ias.gate import Gate
 from ias.runner import Runner
-from ias.skills import Registry, load_skill
-from tests.support import REPO, FakeOwner, StoreTestCase
+from ias.skills import load_skill
+from tests.support import REPO, GateTestCase
 
 SKILL = load_skill(REPO / "skills" / "start_pc", "user")
 MAC = bytes.fromhex("a0b1c2d3e4f5")
@@ -69,18 +67,9 @@ class WakeOnLanTest(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(await asyncio.to_thread(receiver.datagrams, 5), [PACKET])
 
 
-class WakeOnLanGateTest(StoreTestCase):
-    async def asyncSetUp(self):
-        await super().asyncSetUp()
-        self.tmp = Path(tempfile.mkdtemp(prefix="ias-wol-gate-"))
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"]})
-        self.approvals = Approvals(self.store, os.urandom(32), 5)
-        self.gate = Gate(Registry({SKILL.name: SKILL}), runner, self.store, self.approvals)
-        self.owner = FakeOwner()
-
-    async def asyncTearDown(self):
-        await super().asyncTearDown()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+class WakeOnLanGateTest(GateTestCase):
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
 
     async def test_packet_sent_after_approval(self):
         with Receiver() as receiver:

@@ -24,8 +24,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs
+
+from tests.servers import JSONHandler, JSONServer
 
 AUTHENTICATED = ("/ilink/bot/getupdates", "/ilink/bot/sendmessage")
 
@@ -48,8 +50,9 @@ class _HTTPServer(ThreadingHTTPServer):
         pass                    # a client that went away mid-hold (stop(), timeouts) is expected
 
 
-class ILinkServer:
+class ILinkServer(JSONServer):
     """Start with `with ILinkServer() as server:` (or start()/close()); `base_url` is the API root."""
+    server_class = _HTTPServer
 
     def __init__(self, hold: float = 1.0, token: str = "bot-token-1", owner: str = "o9cq-owner@im.wechat",
                  bot_id: str = "b0f5-bot@im.bot"):
@@ -71,33 +74,19 @@ class ILinkServer:
         self._closing = False
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, status: int, body: dict) -> None:
-                data = json.dumps(body, ensure_ascii=False).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def _handle(self, method: str) -> None:
                 path, _, query = self.path.partition("?")
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                raw = self.read_body()
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw
-                headers = {k.lower(): v for k, v in self.headers.items()}
+                headers = self.lowered_headers()
                 params = {k: v[0] for k, v in parse_qs(query).items()}
                 with server._cond:
                     server.requests.append(Request(method, path, params, headers, body, time.monotonic()))
-                status, reply = server._route(method, path, params, headers, body)
-                self._reply(status, reply)
+                self.send_json(*server._route(method, path, params, headers, body))
 
             def do_GET(self):
                 self._handle("GET")
@@ -105,9 +94,7 @@ class ILinkServer:
             def do_POST(self):
                 self._handle("POST")
 
-        self.httpd = _HTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self.listen(Handler)
 
     # -- scripting --------------------------------------------------------------------------
     def message(self, text: str | None = "你好", *, sender: str | None = None, items: list | None = None,
@@ -242,19 +229,8 @@ class ILinkServer:
             return self.send_replies.pop(0) if self.send_replies else {"ret": 0, "errmsg": ""}
 
     # -- life -------------------------------------------------------------------------------
-    def start(self) -> "ILinkServer":
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
     def close(self) -> None:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> "ILinkServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()

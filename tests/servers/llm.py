@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.servers import JSONHandler, JSONServer
 
 
 def text(content: str) -> dict:
@@ -25,7 +26,7 @@ def error(status: int) -> dict:
     return {"status": status}
 
 
-class LLMServer:
+class LLMServer(JSONServer):
     """Start with `with LLMServer() as server:`; `server.base_url` is for OPENAI_BASE_URL."""
 
     def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False):
@@ -37,40 +38,30 @@ class LLMServer:
         self._calls = 0
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JSONHandler):
+            ensure_ascii = True
 
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": "test-model", "object": "model",
-                                                                  "created": 0, "owned_by": "test"}]})
+                    self.send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model",
+                                                                     "created": 0, "owned_by": "test"}]})
                 else:
-                    self._send(404, {"error": {"message": "not found"}})
+                    self.send_json(404, {"error": {"message": "not found"}})
 
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if not self.path.rstrip("/").endswith("/chat/completions"):
-                    return self._send(404, {"error": {"message": "not found"}})
+                    return self.send_json(404, {"error": {"message": "not found"}})
                 if self.headers.get("Authorization", "") != "Bearer sk-test":
-                    return self._send(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
+                    return self.send_json(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
                 step = server._next(raw)
                 if "status" in step:
-                    return self._send(step["status"], {"error": {"message": "scripted failure", "type": "server_error"}})
-                self._send(200, server._completion(step))
+                    return self.send_json(step["status"], {"error": {"message": "scripted failure",
+                                                                     "type": "server_error"}})
+                self.send_json(200, server._completion(step))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.listen(Handler)
+        self.base_url = f"http://{self.host}/v1"
 
     def _next(self, raw: bytes) -> dict:
         with self._lock:
@@ -101,11 +92,3 @@ class LLMServer:
     def assert_complete(self) -> None:
         if self.steps and not self.repeat_last:
             raise AssertionError(f"{len(self.steps)} scripted model replies were never requested")
-
-    def __enter__(self) -> "LLMServer":
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

@@ -17,13 +17,12 @@ Every request is recorded in `requests` (method, path, query, headers).
 """
 from __future__ import annotations
 
-import gzip
-import json
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.servers import JSONHandler, JSONServer
 
 KEY = "qw-test-key-0123456789"
 UPDATE_TIME = "2025-01-15T10:02+08:00"
@@ -74,7 +73,7 @@ class Request:
     headers: dict[str, str]        # header names lower-cased
 
 
-class QWeatherServer:
+class QWeatherServer(JSONServer):
     """`with QWeatherServer() as qw:` — `qw.base_url` for QWEATHER_API_HOST, `qw.key` for QWEATHER_API_KEY."""
 
     def __init__(self, key: str = KEY, not_found: str = "404", auth_style: str = "code", delay: float = 0.0):
@@ -88,34 +87,19 @@ class QWeatherServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(JSONHandler):
             def do_GET(self):
                 parts = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-                request = Request("GET", parts.path, query, {k.lower(): v for k, v in self.headers.items()})
-                status, body = server._answer(request)
+                status, body = server._answer(Request("GET", parts.path, query, self.lowered_headers()))
                 if server.delay:
                     time.sleep(server.delay)
-                data = gzip.compress(json.dumps(body, ensure_ascii=False).encode("utf-8"))
                 try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json; charset=utf-8")
-                    self.send_header("Content-Encoding", "gzip")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self.send_json(status, body, gzipped=True, content_type="application/json; charset=utf-8")
                 except (BrokenPipeError, ConnectionResetError):
                     pass            # the client gave up (a timeout test)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._thread: threading.Thread | None = None
+        self.listen(Handler)
 
     # -- scripting and inspection ---------------------------------------------------------
 
@@ -176,20 +160,3 @@ class QWeatherServer:
         if not found:
             return {"code": "404"} if self.not_found == "404" else {"code": "200", "location": [], "refer": REFER}
         return {"code": "200", "location": found[:max(1, min(number, 20))], "refer": REFER}
-
-    # -- lifecycle --------------------------------------------------------------------------
-
-    def start(self) -> "QWeatherServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> "QWeatherServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -16,12 +16,12 @@ parsed body).
 """
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.servers import JSONHandler, JSONServer
 
 KEY = "tvly-test-0123456789abcdef"
 CONTENT = ("这是一段很长的网页正文，用来检验技能会不会截断摘要。" * 30
@@ -39,7 +39,7 @@ class Request:
     body: object                   # parsed JSON (None if it was not JSON)
 
 
-class TavilyServer:
+class TavilyServer(JSONServer):
     """`with TavilyServer() as tv:` — `tv.base_url` for TAVILY_BASE_URL, `tv.key` for TAVILY_API_KEY."""
 
     def __init__(self, key: str = KEY, delay: float = 0.0):
@@ -50,48 +50,30 @@ class TavilyServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(JSONHandler):
             def _reply(self, status: int, body: dict) -> None:
                 if server.delay:
                     time.sleep(server.delay)
-                data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-                gzipped = "gzip" in self.headers.get("Accept-Encoding", "")
-                if gzipped:
-                    data = gzip.compress(data)
                 try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    if gzipped:
-                        self.send_header("Content-Encoding", "gzip")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self.send_json(status, body, gzipped="gzip" in self.headers.get("Accept-Encoding", ""))
                 except (BrokenPipeError, ConnectionResetError):
                     pass            # the client gave up (a timeout test)
 
             def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                raw = self.read_body()
                 try:
                     body = json.loads(raw)
                 except ValueError:
                     body = None
-                request = Request("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                self._reply(*server._answer(request))
+                self._reply(*server._answer(Request("POST", self.path, self.lowered_headers(), body)))
 
             def do_GET(self):
-                request = Request("GET", self.path, {k.lower(): v for k, v in self.headers.items()}, None)
+                request = Request("GET", self.path, self.lowered_headers(), None)
                 with server._lock:
                     server.requests.append(request)
                 self._reply(405, {"detail": {"error": "Method Not Allowed"}})
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.listen(Handler)
 
     def script(self, status: int, error: str = "scripted failure", body: dict | None = None) -> None:
         """Answer the next request with HTTP `status` and `{"detail": {"error": error}}` (or `body`)."""
@@ -114,20 +96,6 @@ class TavilyServer:
         if problem:
             return 400, {"detail": {"error": problem}}
         return 200, _results(request.body)
-
-    def start(self) -> "TavilyServer":
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> "TavilyServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def _check(body: object) -> str | None:
