@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import importlib.util
 import logging
 import os
 import re
@@ -152,6 +153,20 @@ class GateTestCase(StoreTestCase):
         """Start a High call in the background; returns its task."""
         params.setdefault("marker", str(self.marker))
         return asyncio.create_task(self.gate.call(user, "mark_high", params, notify or self.owner.notify))
+
+
+class SkillsTestCase(GateTestCase):
+    """The gate over the shipped skills (resources/skills and skills/)."""
+    system_skills = REPO / "resources" / "skills"
+    user_skills = REPO / "skills"
+
+
+def load_script(path: Path, name: str):
+    """Import a skill script as a module, for the helpers a subprocess test cannot reach."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:

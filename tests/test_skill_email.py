@@ -12,7 +12,6 @@ import asyncio
 import base64
 import email
 import email.policy
-import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from ias.runner import Runner
 from ias.skills import load_skill
 from tests.servers import closed_port
 from tests.servers.mail import IMAPServer, SMTPServer, make_certificate, server_context
-from tests.support import REPO, GateTestCase
+from tests.support import REPO, SkillsTestCase, load_script
 
 SKILL = load_skill(REPO / "resources" / "skills" / "email", "system")
 USER, PASSWORD = "bot@example.com", "auth-code-123"
@@ -133,24 +132,21 @@ class _SkillRun:
         self.assertNotIn("Traceback", result["error"])
 
 
-def load_script():
+def mail_script():
     """The skill's script as a module, for its pure helpers."""
-    spec = importlib.util.spec_from_file_location("ias_email_skill_script", SKILL.directory / "scripts" / "mail.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SKILL.directory / "scripts" / "mail.py", "ias_email_skill_script")
 
 
 class HelpersTest(unittest.TestCase):
     def test_fetch_response_with_uid_before_or_after_the_literal(self):
-        mail = load_script()
+        mail = mail_script()
         data = [(b"1 (UID 101 BODY[] {3}", b"abc"), b")",
                 (b"2 (BODY[] {3}", b"def"), b" UID 103)",
                 (b"3 (FLAGS (\\Seen) UID 105 BODY[] {0}", b""), b")"]
         self.assertEqual(mail.fetched(data), {101: b"abc", 103: b"def", 105: b""})
 
     def test_charset_fallbacks(self):
-        mail = load_script()
+        mail = mail_script()
         self.assertEqual(mail.decode_bytes("王堃".encode("gbk"), "GB2312"), "王堃")
         self.assertEqual(mail.decode_bytes("王堃".encode("gbk"), '"gbk"'), "王堃")
         self.assertEqual(mail.decode_bytes("王堃".encode("gb18030"), None), "王堃")     # unlabelled
@@ -361,11 +357,8 @@ class TLSTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(imap.violations, [])
 
 
-class EmailGateTest(GateTestCase):
+class EmailGateTest(SkillsTestCase):
     """Through the real approval gate: validation, the owner's code, then the run."""
-    system_skills = REPO / "resources" / "skills"
-    user_skills = REPO / "skills"
-
     def gate_with(self, environ: dict[str, str]) -> Gate:
         """`self.gate`, but its runner also has `environ` (for the mail servers each test starts)."""
         runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={**self.runner_environ(), **environ})

@@ -6,32 +6,19 @@ HTTP to tests/servers/tavily.py.
 """
 from __future__ import annotations
 
-import importlib.util
 import unittest
-from pathlib import Path
 
 from ias.gate import Gate
 from ias.runner import Runner
 from tests.servers import closed_port
 from tests.servers.tavily import KEY, TavilyServer
-from tests.support import REPO, GateTestCase
+from tests.support import REPO, SkillsTestCase, load_script
 
 SEARCH_SCRIPT = REPO / "resources/skills/search_web/scripts/search.py"
 NEWS_SCRIPT = REPO / "skills/search_tavily/scripts/news.py"
 
 
-def load_script(path: Path, name: str):
-    """Import a skill script as a module (for the parts a subprocess test cannot reach)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class SearchCase(GateTestCase):
-    system_skills = REPO / "resources" / "skills"
-    user_skills = REPO / "skills"
-
+class SearchCase(SkillsTestCase):
     async def asyncSetUp(self) -> None:
         self.tv = TavilyServer().start()
         self.addCleanup(self.tv.close)

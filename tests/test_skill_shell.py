@@ -13,7 +13,7 @@ from pathlib import Path
 from ias import schema
 from ias.runner import Runner
 from ias.skills import load_skill
-from tests.support import REPO, GateTestCase
+from tests.support import REPO, SkillsTestCase
 
 SKILL = load_skill(REPO / "resources" / "skills" / "execute_shell", "system")
 
@@ -103,10 +103,7 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         self.assertFalse(process_running(int(result["stdout"])))
 
 
-class ShellGateTest(GateTestCase):
-    system_skills = REPO / "resources" / "skills"
-    user_skills = REPO / "skills"
-
+class ShellGateTest(SkillsTestCase):
     async def test_runs_exactly_what_the_owner_confirmed(self):
         marker = self.tmp / "ran"
         command = f"echo '; echo pwned'; touch {marker}"

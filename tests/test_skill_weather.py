@@ -6,31 +6,19 @@ HTTP to tests/servers/qweather.py, which answers gzip-compressed JSON like the r
 """
 from __future__ import annotations
 
-import importlib.util
 import unittest
-from pathlib import Path
 
 from ias.gate import Gate
 from ias.runner import Runner
 from tests.servers import closed_port
 from tests.servers.qweather import KEY, QWeatherServer
-from tests.support import REPO, GateTestCase
+from tests.support import REPO, SkillsTestCase, load_script
 
 WEATHER_SCRIPT = REPO / "resources/skills/query_weather/scripts/weather_now.py"
 FORECAST_SCRIPT = REPO / "skills/query_qweather/scripts/forecast.py"
 
 
-def load_script(path: Path, name: str):
-    """Import a skill script as a module (for the parts a subprocess test cannot reach)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class WeatherCase(GateTestCase):
-    system_skills = REPO / "resources" / "skills"
-    user_skills = REPO / "skills"
+class WeatherCase(SkillsTestCase):
     server_options: dict = {}
 
     async def asyncSetUp(self) -> None:

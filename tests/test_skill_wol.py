@@ -13,7 +13,7 @@ from pathlib import Path
 from ias import schema
 from ias.runner import Runner
 from ias.skills import load_skill
-from tests.support import REPO, GateTestCase
+from tests.support import REPO, SkillsTestCase
 
 SKILL = load_skill(REPO / "skills" / "start_pc", "user")
 MAC = bytes.fromhex("a0b1c2d3e4f5")
@@ -67,10 +67,7 @@ class WakeOnLanTest(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(await asyncio.to_thread(receiver.datagrams, 5), [PACKET])
 
 
-class WakeOnLanGateTest(GateTestCase):
-    system_skills = REPO / "resources" / "skills"
-    user_skills = REPO / "skills"
-
+class WakeOnLanGateTest(SkillsTestCase):
     async def test_packet_sent_after_approval(self):
         with Receiver() as receiver:
             params = {"mac": "A0-B1-C2-D3-E4-F5", "broadcast": "127.0.0.1", "port": receiver.port}
