@@ -104,6 +104,29 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         self.assertEqual(proc.wait(timeout=10), 0, proc.stderr.read())
         proc.stderr.close()
 
+    def test_once_asks_for_confirmation_over_wechat(self):
+        marker = self.tmp / "m"
+        self.ilink.message("/help")                   # the owner wrote recently: inside the 24-hour window
+        with LLMServer([calls(("mark_high", {"marker": str(marker), "note": "once"})), text("标记完成。")]) as llm:
+            proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "--once", "标记一下"],
+                                    env={**self.env, "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": llm.base_url},
+                                    cwd=self.tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 20
+                while not any("确认码：" in m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent):
+                    self.assertLess(time.monotonic(), deadline, self.ilink.sent)
+                    time.sleep(0.05)
+                ask = next(m for m in self.ilink.sent if "确认码：" in m["item_list"][0]["text_item"]["text"])
+                code = re.search(r"确认码：(\d{6})", ask["item_list"][0]["text_item"]["text"]).group(1)
+                self.ilink.message(code)
+                out, err = proc.communicate(timeout=20)
+            finally:
+                proc.kill()
+        self.assertEqual((proc.returncode, out), (0, "标记完成。\n"), err)
+        self.assertEqual(marker.read_text(), "once\n")
+        self.assertNotIn(code, out + err)
+
     def test_restart_resumes_from_cursor_and_never_handles_a_message_twice(self):
         first = self.daemon()
         handled = self.ilink.message("/help")
