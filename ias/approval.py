@@ -167,11 +167,15 @@ class Approvals:
     async def _request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None) -> Outcome:
         approval_id = uuid.uuid4()
         code = new_code()
-        row = await self.store.create_approval(
-            approval_id, user_id, skill.name, params, self.timeout,
-            lambda stored: code_hash(self.key, approval_id, user_id, skill.name, stored, code),
-            AuditEntry("approval_requested", user_id=user_id, skill_name=skill.name, params=redact(params),
-                       risk=skill.risk, approval_id=approval_id, decision="pending"))
+        try:
+            row = await self.store.create_approval(
+                approval_id, user_id, skill.name, params, self.timeout,
+                lambda stored: code_hash(self.key, approval_id, user_id, skill.name, stored, code),
+                AuditEntry("approval_requested", user_id=user_id, skill_name=skill.name, params=redact(params),
+                           risk=skill.risk, approval_id=approval_id, decision="pending"))
+        except StoreError as exc:          # e.g. another process holds this user's pending approval
+            log.warning("approval for %s not created: %s; the call is denied", skill.name, exc)
+            return Outcome("expired", None)
         waiter = _Waiter(row, skill, asyncio.get_running_loop().create_future())
         self._waiting[user_id] = waiter
         try:

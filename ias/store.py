@@ -228,6 +228,12 @@ class Store:
         The hash is computed over the params as PostgreSQL stored them (jsonb normalises numbers),
         so that verification, which reads them back, sees exactly the same canonical text.
         """
+        try:
+            return await self._create_approval(approval_id, user_id, skill_name, params, timeout, code_hash, entry)
+        except psycopg.errors.UniqueViolation:
+            raise StoreError(f"another approval is already pending for {user_id}") from None
+
+    async def _create_approval(self, approval_id, user_id, skill_name, params, timeout, code_hash, entry) -> Approval:
         async with self._tx() as conn:
             cur = await conn.execute(
                 "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "

@@ -13,7 +13,7 @@ from ias import approval
 from ias.approval import Approvals, code_hash, escape_visible, load_key, parse_reply, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
-from tests.support import GateTestCase, StoreTestCase, capture_logs
+from tests.support import FakeOwner, GateTestCase, StoreTestCase, capture_logs
 
 REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"}
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
@@ -239,6 +239,15 @@ class OutcomeTest(GateTestCase):
         await self.approvals.redeem("owner", code2)
         self.assertEqual((await second)["note"], "second")
         self.assertEqual(self.marker.read_text(), "first\nsecond\n")
+
+    async def test_a_pending_approval_in_another_process_denies_the_call(self):
+        other, asked = Approvals(self.store, self.key, 5), FakeOwner()   # e.g. `ias run` while the daemon waits
+        first = asyncio.create_task(other.request("owner", self.registry.get("mark_high"),
+                                                  {"marker": str(self.marker)}, asked.notify))
+        await asked.code()
+        self.assertEqual(await self.call_high(), EXPIRED)
+        self.assertEqual(self.owner.messages, [])
+        first.cancel()
 
     async def test_invalid_params_never_reach_the_owner(self):
         result = await self.gate.call("owner", "mark_high", {"marker": 5}, self.owner.notify)
