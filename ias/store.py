@@ -229,22 +229,19 @@ class Store:
         so that verification, which reads them back, sees exactly the same canonical text.
         """
         try:
-            return await self._create_approval(approval_id, user_id, skill_name, params, timeout, code_hash, entry)
+            async with self._tx() as conn:
+                cur = await conn.execute(
+                    "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
+                    "VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, '') RETURNING params",
+                    (approval_id, timeout, user_id, skill_name, Jsonb(params)))
+                stored = (await cur.fetchone())["params"]
+                cur = await conn.execute(
+                    f"UPDATE pending_approvals SET code_hash = %s WHERE id = %s RETURNING {_APPROVAL_FIELDS}",
+                    (code_hash(stored), approval_id))
+                row = await cur.fetchone()
+                await conn.execute(_AUDIT_INSERT, _audit_values(entry))
         except psycopg.errors.UniqueViolation:
             raise StoreError(f"another approval is already pending for {user_id}") from None
-
-    async def _create_approval(self, approval_id, user_id, skill_name, params, timeout, code_hash, entry) -> Approval:
-        async with self._tx() as conn:
-            cur = await conn.execute(
-                "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
-                "VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, '') RETURNING params",
-                (approval_id, timeout, user_id, skill_name, Jsonb(params)))
-            stored = (await cur.fetchone())["params"]
-            cur = await conn.execute(
-                f"UPDATE pending_approvals SET code_hash = %s WHERE id = %s RETURNING {_APPROVAL_FIELDS}",
-                (code_hash(stored), approval_id))
-            row = await cur.fetchone()
-            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
         return _approval(row)
 
     async def approval(self, approval_id: uuid.UUID) -> Approval | None:
