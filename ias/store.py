@@ -471,7 +471,8 @@ class Store:
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
-        loop.add_reader(pgconn.socket, readable.set)
+        fd = pgconn.socket          # read once: a lost connection has no socket left to ask for
+        loop.add_reader(fd, readable.set)
         try:
             while True:
                 pgconn.consume_input()
@@ -489,4 +490,4 @@ class Store:
             self._listen_conn = None
             raise StoreError(f"lost the LISTEN connection: {str(exc).strip().splitlines()[0]}") from None
         finally:
-            loop.remove_reader(pgconn.socket)
+            loop.remove_reader(fd)
