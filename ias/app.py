@@ -224,6 +224,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
         try:
             for channel in channels.values():
                 await channel.start(router.deliver)
+                supervisor.spawn(channel.watch(), f"channel {channel.name}")
             for row in leftovers:
                 await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
             supervisor.spawn(monitor.run(), "database monitor")

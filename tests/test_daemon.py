@@ -20,6 +20,7 @@ from ias.pgcluster import Cluster
 from ias.runner import identity
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+from tests.test_runner import running
 
 
 def alive_in_group(pgid: int) -> list[int]:
@@ -35,13 +36,6 @@ def alive_in_group(pgid: int) -> list[int]:
                 found.append(int(entry.name))
     return found
 
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
