@@ -466,8 +466,13 @@ class Store:
         would keep an idle daemon busy.
         """
         if self._listen_conn is None or self._listen_conn.closed:
-            self._listen_conn = await self._connect()
-            await self._listen_conn.execute("LISTEN ias_tasks")
+            conn = await self._connect()
+            try:
+                await conn.execute("LISTEN ias_tasks")
+            except psycopg.OperationalError as exc:     # the server went away in between
+                await conn.close()
+                raise StoreError(f"cannot LISTEN: {str(exc).strip().splitlines()[0]}") from None
+            self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
