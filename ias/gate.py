@@ -40,20 +40,6 @@ def unconfirmed(name: str) -> dict:
     return {"success": False, "error": f"用户没有确认操作：{name}"}
 
 
-def interrupted(name: str) -> dict:
-    return {"success": False, "error": f"技能执行被中断：{name}"}
-
-
-NOT_SAVED = "操作已执行，但结果未能保存：{name}"
-_CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
-
-
-def call_tag() -> str:
-    """The `detail` of a call's skill_started and skill_finished rows: the call and its process."""
-    pid, start = identity()
-    return f"call={uuid.uuid4().hex} pid={pid} start={start}"
-
-
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
@@ -204,3 +190,19 @@ class Gate:
                                           params=redact(params) if isinstance(params, dict) else None,
                                           risk=skill.risk, decision="invalid", detail="；".join(errors)[:2000]))
         return {"success": False, "error": "参数错误：" + "；".join(errors)}
+
+
+# -- the end of a run: what an interrupted call reports, and the tag matching its audit rows --
+
+def interrupted(name: str) -> dict:
+    return {"success": False, "error": f"技能执行被中断：{name}"}
+
+
+NOT_SAVED = "操作已执行，但结果未能保存：{name}"
+_CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
+
+
+def call_tag() -> str:
+    """The `detail` of a call's skill_started and skill_finished rows: the call and its process."""
+    pid, start = identity()
+    return f"call={uuid.uuid4().hex} pid={pid} start={start}"
