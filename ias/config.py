@@ -48,9 +48,22 @@ class Config:
     repo_root: Path = REPO_ROOT
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # Resolved once, against the working directory at start: a skill runs in its own
+        # directory, so a relative path handed downstream would point somewhere else.
+        for name in ("data_dir", "secret_key_file", "skills_dir", "system_skills_dir", "repo_root"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, absolute(value))
+
     @property
     def key_file(self) -> Path:
         return self.secret_key_file or self.data_dir / "secret.key"
+
+
+def absolute(path: str | os.PathLike) -> Path:
+    """`path` with ~ expanded, made absolute against the current directory and normalised."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _convert(name: str, value, kind):
@@ -103,5 +116,5 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
             values[key] = env[var].strip()
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
-            values[key] = Path(values[key]).expanduser()
+            values[key] = absolute(values[key])
     return Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)

@@ -21,7 +21,10 @@ LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed requ
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 
 # Daemon
-SHUTDOWN_GRACE = 5.0                # seconds for channels and turns to stop on SIGTERM
+SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
+DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
+DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
+DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
 
 # Scheduler
 SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)

@@ -189,6 +189,17 @@ class Store:
                 await conn.close()
         self._lock_conn = self._listen_conn = None
 
+    async def reconnect(self) -> None:
+        """Drop the idle connections (they may predate an outage) and check that a new one works.
+
+        Raises StoreError while the database is unreachable.
+        """
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+        async with self._conn() as conn:
+            await conn.execute("SELECT 1")
+
     # -- daemon instance ------------------------------------------------------------------
     async def lock_instance(self) -> bool:
         """Hold a session advisory lock for the life of the daemon; False if another holds it."""
@@ -219,6 +230,15 @@ class Store:
             cur = await conn.execute(
                 "SELECT id, prev_hash, hash, audit_digest(a) AS digest FROM audit_log a ORDER BY id")
             return [(r["id"], r["prev_hash"], r["hash"], r["digest"]) for r in await cur.fetchall()]
+
+    async def unfinished_calls(self) -> list[AuditRow]:
+        """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares, oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM audit_log s WHERE s.event = 'skill_started' AND s.detail LIKE 'call=%%' "
+                "AND NOT EXISTS (SELECT 1 FROM audit_log f WHERE f.event IN ('skill_finished', 'skill_interrupted') "
+                "AND f.detail = s.detail) ORDER BY s.id")
+            return [AuditRow(**row) for row in await cur.fetchall()]
 
     # -- approvals --------------------------------------------------------------------------
     async def create_approval(self, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict,
@@ -446,12 +466,18 @@ class Store:
         would keep an idle daemon busy.
         """
         if self._listen_conn is None or self._listen_conn.closed:
-            self._listen_conn = await self._connect()
-            await self._listen_conn.execute("LISTEN ias_tasks")
+            conn = await self._connect()
+            try:
+                await conn.execute("LISTEN ias_tasks")
+            except psycopg.OperationalError as exc:     # the server went away in between
+                await conn.close()
+                raise StoreError(f"cannot LISTEN: {str(exc).strip().splitlines()[0]}") from None
+            self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
-        loop.add_reader(pgconn.socket, readable.set)
+        fd = pgconn.socket          # read once: a lost connection has no socket left to ask for
+        loop.add_reader(fd, readable.set)
         try:
             while True:
                 pgconn.consume_input()
@@ -469,4 +495,4 @@ class Store:
             self._listen_conn = None
             raise StoreError(f"lost the LISTEN connection: {str(exc).strip().splitlines()[0]}") from None
         finally:
-            loop.remove_reader(pgconn.socket)
+            loop.remove_reader(fd)
