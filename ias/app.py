@@ -17,6 +17,7 @@ from .channels.console import ConsoleChannel
 from .config import Config
 from .errors import IasError
 from .gate import Gate
+from .locks import FileLock
 from .pgcluster import Cluster
 from .runner import Runner
 from .skills import Registry, registry
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def open_store(config: Config) -> AsyncIterator[Store]:
-    """The configured database, or the embedded cluster (started here and stopped after, if we started it)."""
+    """The configured database, or the embedded cluster (started if needed; stopped after only if no other
+    iAs process uses it)."""
     cluster = None
     dsn = config.database_url
     if not dsn:
@@ -42,6 +44,22 @@ async def open_store(config: Config) -> AsyncIterator[Store]:
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+DAEMON_LOCK = "daemon.lock"      # in $IAS_DATA_DIR
+
+
+@asynccontextmanager
+async def instance_lock(config: Config) -> AsyncIterator[None]:
+    """The daemon's single-instance lock: a flock on $IAS_DATA_DIR/daemon.lock, held while it runs."""
+    lock = FileLock(config.data_dir / DAEMON_LOCK)
+    if not lock.acquire(wait=False):
+        raise IasError(f"another iAs daemon is already running with data directory {config.data_dir.resolve()}; "
+                       "stop it first")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +194,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with open_store(config) as store:
-        if not await store.lock_instance():
-            raise IasError("another iAs daemon is already running on this database; stop it first")
+    async with instance_lock(config), open_store(config) as store:
         c = core(config, store)
         for line in c.registry.problems:
             log.error("skill not loaded: %s", line)
