@@ -149,7 +149,13 @@ class Cluster:
         self.datadir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.datadir, 0o700)
         if self._user:
-            os.chown(self.datadir, *self._owner())
+            uid, gid = self._owner()
+            os.chown(self.datadir, uid, gid)
+            closed = _unreachable(self.datadir.parent, uid, os.getgrouplist(self._user, gid))
+            if closed is not None:
+                raise ClusterError(f"the '{self._user}' OS user, which runs the embedded server as root, cannot "
+                                   f"reach {self.datadir} ({closed} is closed to it): set IAS_DATA_DIR to a "
+                                   "directory it can reach (e.g. /var/lib/ias), or open that directory (chmod o+x)")
 
     def _owner(self) -> tuple[int, int]:
         try:
@@ -247,6 +253,16 @@ class Cluster:
                     log.info("embedded PostgreSQL stopped")
             finally:
                 last.release()
+
+
+def _unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
+    """The first of `directory` and its ancestors that `uid` (in `gids`) may not search, or None."""
+    for path in [*reversed(directory.parents), directory]:
+        st = path.stat()
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in gids else 0o001
+        if not st.st_mode & bit:
+            return path
+    return None
 
 
 def _alive_postgres(pid: int) -> bool:
