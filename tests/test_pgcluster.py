@@ -68,12 +68,9 @@ class ClusterTestCase(unittest.TestCase):
 
     def tearDown(self):
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream:
-                    stream.close()
+            proc.kill()                               # a no-op for one that exited
+            with proc:                                # closes its pipes and reaps it
+                pass
         cluster = Cluster(self.datadir)
         if cluster.running():
             cluster._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "immediate", "-w", check=False)
