@@ -12,6 +12,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from .errors import IasError
+
 
 class FileLock:
     """One lock file; at most one lock (shared or exclusive) held through it at a time."""
@@ -28,8 +30,11 @@ class FileLock:
         """Take the lock (blocking unless `wait` is False); False when it is taken elsewhere."""
         if self._fd is not None:
             raise RuntimeError(f"lock already held: {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:        # e.g. created by root, used by the service user
+            raise IasError(f"cannot open the lock file {self.path}: {exc.strerror}") from None
         operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
         try:
             fcntl.flock(fd, operation)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import itertools
 import logging
 import os
 import pwd
@@ -177,9 +178,11 @@ class Cluster:
             return None
 
     def running(self) -> bool:
-        """Whether a server is up and ready on this data directory (from postmaster.pid; no process spawned)."""
+        """Whether a server is up and ready on this data directory (postmaster.pid and the socket; no process
+        spawned, so a command that finds the server running starts fast)."""
         found = self._postmaster()
-        return found is not None and found[1] == "ready" and _alive_postgres(found[0])
+        return (found is not None and found[1] == "ready" and _alive_postgres(found[0])
+                and (self.datadir / f".s.PGSQL.{PORT}").exists())
 
     def start(self) -> str:
         """Use the cluster: create it if needed, start it unless it already runs; return its DSN.
@@ -214,7 +217,7 @@ class Cluster:
         self._write_settings()
         stale = self._postmaster() is not None        # a killed server: its backends may still be exiting
         deadline = time.monotonic() + CLUSTER_STALE_WAIT
-        while True:
+        for attempt in itertools.count():
             try:
                 self._run("pg_ctl", "start", "-D", str(self.datadir), "-w", "-t", str(CLUSTER_START_TIMEOUT),
                           "-l", str(self.datadir / "server.log"))
@@ -222,7 +225,9 @@ class Cluster:
             except ClusterError:
                 if not stale or time.monotonic() > deadline:
                     raise
-                log.info("embedded PostgreSQL did not start yet after an unclean stop; retrying")
+                if attempt == 0:
+                    log.info("embedded PostgreSQL cannot start yet after an unclean stop (old backends still "
+                             "exiting); retrying for up to %.0f s", CLUSTER_STALE_WAIT)
                 time.sleep(CLUSTER_RETRY_PAUSE)
         log.info("embedded PostgreSQL started in %s", self.datadir)
 
