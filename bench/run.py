@@ -214,7 +214,7 @@ def bench_footprint() -> None:
             subprocess.run([sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"], env=env, check=True,
                            capture_output=True, cwd=tmp)            # initdb and schema done, server stopped again
             _, cpu, _, pss = _idle_daemon(env, tmp, tree=tree)
-        report(f"idle footprint: daemon + embedded cluster {sum(pss):.0f} MB PSS in {len(pss)} processes (daemon "
+        report(f"idle footprint: daemon + embedded cluster {sum(pss):.1f} MB PSS in {len(pss)} processes (daemon "
                f"{pss[0]:.0f} MB, cluster {sum(pss[1:]):.0f} MB), {cpu:.3f} s CPU in 10 s "
                f"(targets <= 70 MB, <= 0.02 s)", sum(pss) <= 70 and cpu <= 0.02)
     finally:
