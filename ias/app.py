@@ -18,6 +18,7 @@ from .config import Config
 from .errors import IasError, StoreError
 from .gate import Gate
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE
+from .locks import FileLock
 from .pgcluster import Cluster
 from .runner import Runner
 from .skills import Registry, registry
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
-    """The configured database, or the embedded cluster (started here and stopped after, if we started it)."""
+    """The configured database, or the embedded cluster (started if needed; stopped after only if no other
+    iAs process uses it)."""
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.data_dir / "pg")
@@ -42,6 +44,22 @@ async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIte
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+DAEMON_LOCK = "daemon.lock"      # in $IAS_DATA_DIR
+
+
+@asynccontextmanager
+async def instance_lock(config: Config) -> AsyncIterator[None]:
+    """The daemon's single-instance lock: a flock on $IAS_DATA_DIR/daemon.lock, held while it runs."""
+    lock = FileLock(config.data_dir / DAEMON_LOCK)
+    if not lock.acquire(wait=False):
+        raise IasError(f"another iAs daemon is already running with data directory {config.data_dir.resolve()}; "
+                       "stop it first")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +204,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     cluster = None if config.database_url else Cluster(config.data_dir / "pg")
-    async with open_store(config, cluster) as store:
-        if not await store.lock_instance():
-            raise IasError("another iAs daemon is already running on this database; stop it first")
+    async with instance_lock(config), open_store(config, cluster) as store:
         c = core(config, store)
         for line in c.registry.problems:
             log.error("skill not loaded: %s", line)

@@ -52,3 +52,9 @@ WECHAT_QR_POLL_ERRORS_MAX = 5       # failed QR status polls in a row (not timeo
 WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
 WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
 WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish
+
+# Embedded PostgreSQL
+CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to start or stop
+CLUSTER_STALE_WAIT = 10.0           # seconds a start is retried while a killed server's backends still exit
+CLUSTER_RETRY_PAUSE = 0.2           # seconds between those attempts
+CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room

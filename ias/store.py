@@ -29,7 +29,6 @@ SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
-INSTANCE_LOCK = 730819         # advisory lock (with the schema's hash) held by the running daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +135,6 @@ class Store:
         self._size = pool_size
         self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(pool_size)
-        self._lock_conn: psycopg.AsyncConnection | None = None
         self._listen_conn: psycopg.AsyncConnection | None = None
 
     @classmethod
@@ -184,10 +182,9 @@ class Store:
         for conn in self._idle:
             await conn.close()
         self._idle.clear()
-        for conn in (self._lock_conn, self._listen_conn):
-            if conn is not None:
-                await conn.close()
-        self._lock_conn = self._listen_conn = None
+        if self._listen_conn is not None:
+            await self._listen_conn.close()
+        self._listen_conn = None
 
     async def reconnect(self) -> None:
         """Drop the idle connections (they may predate an outage) and check that a new one works.
@@ -199,18 +196,6 @@ class Store:
             await conn.close()
         async with self._conn() as conn:
             await conn.execute("SELECT 1")
-
-    # -- daemon instance ------------------------------------------------------------------
-    async def lock_instance(self) -> bool:
-        """Hold a session advisory lock for the life of the daemon; False if another holds it."""
-        conn = await self._connect()
-        # Per database (advisory locks are) and per schema, so separate installations never collide.
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema())) AS ok", (INSTANCE_LOCK,))
-        if not (await cur.fetchone())["ok"]:
-            await conn.close()
-            return False
-        self._lock_conn = conn
-        return True
 
     # -- audit ----------------------------------------------------------------------------
     async def audit(self, entry: AuditEntry) -> None:
