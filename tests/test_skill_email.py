@@ -512,6 +512,25 @@ class EmailGateTest(SkillsTestCase):
         self.assertEqual(result["messages"][-1]["uid"], uids["gbk"])
         self.assertEqual(imap.violations, [])
 
+    async def test_a_long_body_reaches_the_model_as_json_with_attachments(self):
+        from ias.agent import Agent
+        from ias.llm import LLM
+        from tests.servers.llm import LLMServer, calls, text
+        with IMAPServer() as imap, LLMServer() as model:
+            uid = imap.add(raw_8bit_attachment_message("发票.pdf", "gbk", body="😀" * 20000))
+            llm = LLM("sk-test", model.base_url, "test-model", retry_delays=(0.01,))
+            self.addAsyncCleanup(llm.close)
+            agent = Agent(self.registry, self.gate_with(imap_env(imap)), self.store, llm)
+            model.script(calls(("email", {"action": "read", "uid": uid})), text("读完了。"))
+            turn = asyncio.create_task(agent.turn("owner", "读一下那封信", self.owner.notify))
+            await self.approvals.redeem("owner", await self.owner.code())
+            self.assertEqual(await asyncio.wait_for(turn, 30), "读完了。")
+        [tool] = [m for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+        result = json.loads(tool["content"])                  # still JSON, cut inside the body only
+        self.assertEqual(result["attachments"], ["发票.pdf"])
+        self.assertIs(result["body_truncated"], True)
+        self.assertTrue(result["body"].startswith("😀" * 1000))
+
     async def test_malformed_calls_never_reach_the_owner(self):
         bad_calls = [
             {"action": "delete"},
