@@ -425,6 +425,15 @@ class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
             for code in codes:
                 self.assertNotIn(code, body)
 
+    def test_no_shipped_tool_definition_mentions_them(self):
+        from ias.agent import tool_spec
+        from ias.skills import load_registry
+        registry = load_registry(test_agent.REPO / "resources" / "skills", test_agent.REPO / "skills")
+        self.assertGreaterEqual(len(list(registry)), 10)
+        for skill in registry:
+            spec = json.dumps(tool_spec(skill), ensure_ascii=False)
+            self.assertIsNone(TELLTALES.search(spec), skill.name)
+
     async def test_five_high_calls_in_one_reply(self):
         owner = ApprovingOwner(self.approvals)
         self.server.script(calls(*[("mark_high", {"marker": str(self.marker), "note": f"n{i}"}) for i in range(5)]),
