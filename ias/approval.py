@@ -26,7 +26,7 @@ from typing import Awaitable, Callable
 
 from .audit import redact
 from .errors import ConfigError, StoreError
-from .limits import APPROVALS_PER_TURN, WECHAT_TEXT_MAX
+from .limits import APPROVALS_PER_TURN, MARKS_RUN_MAX, SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
 
@@ -88,8 +88,6 @@ BLANK_LOOKING = frozenset(
     + list(range(0x180B, 0x1810)) + list(range(0xFE00, 0xFE10)) + list(range(0xE0100, 0xE01F0)))
 INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs", "Cn"})
 MARKS = frozenset({"Mn", "Me", "Mc"})
-MARKS_RUN_MAX = 3           # combining marks on one base shown as is; a longer run (zalgo) is escaped
-SPACES_RUN_MAX = 8          # plain spaces in a row shown as is; a longer run (padding) is escaped
 _ESCAPE_LIKE = re.compile(r"\\(?:[\\ntr]|u[0-9a-f]{4}|U[0-9a-f]{8})")
 SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 

@@ -22,6 +22,8 @@ TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the 
 
 # Approvals
 APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
+MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
+SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds for channels and turns to stop on SIGTERM

@@ -428,6 +428,7 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertFailure(missing, "no message with uid 999")
         self.assertFailure(refused, "IMAP login", "AUTHENTICATIONFAILED", "IAS_IMAP_PASSWORD")
         self.assertNotIn("nope-nope", refused["error"])
+        self.assertEqual([ok for _user, ok in imap.logins], [True, False])      # one LOGIN per call
         self.assertEqual(imap.violations, [])
 
 
