@@ -22,7 +22,7 @@ import uuid
 from typing import Callable
 
 from . import schema
-from .approval import Approvals, Notify
+from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .errors import StoreError
 from .runner import Runner, RunResult, alive, identity
@@ -40,6 +40,9 @@ def unconfirmed(name: str) -> dict:
     return {"success": False, "error": f"用户没有确认操作：{name}"}
 
 
+NOT_ASKED = {"too_long": "参数过长，无法请求确认：{}", "too_many": "本轮待确认操作过多，未请求确认：{}"}
+
+
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
@@ -52,8 +55,10 @@ class Gate:
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
 
-    async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None) -> dict:
-        """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask)."""
+    async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
+                   turn: TurnBudget | None = None) -> dict:
+        """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
+        `turn` counts the approvals asked for one owner message."""
         skill = self.registry.get(name)
         if skill is None:
             await self.store.audit(AuditEntry("skill_unknown", user_id=user_id, skill_name=str(name)[:200]))
@@ -76,7 +81,9 @@ class Gate:
         approval_id = None
         decision = "auto"
         if skill.high:
-            outcome = await self.approvals.request(user_id, skill, params, notify)
+            outcome = await self.approvals.request(user_id, skill, params, notify, turn)
+            if outcome.status in NOT_ASKED:
+                return {"success": False, "error": NOT_ASKED[outcome.status].format(name)}
             if outcome.status == "rejected":
                 return rejected(name)
             if outcome.status != "approved":

@@ -20,6 +20,11 @@ LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 
+# Approvals
+APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
+MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
+SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
+
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero

@@ -71,7 +71,7 @@ class RunTest(CliTestCase):
                     screen += os.read(master, 4096)
             text = screen.decode()
             self.assertIn("⚠️ 操作确认", text)
-            self.assertIn("note: typed", text)
+            self.assertIn("· note：typed", text)
             code = re.search(r"确认码：(\d{6})", text).group(1)
             os.write(master, code.encode() + b"\n")
             out, _ = proc.communicate(timeout=30)

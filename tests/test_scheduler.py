@@ -187,7 +187,7 @@ class TaskThroughAgentTest(GateTestCase):
             text("你有一个任务：喝水。"))
         turn = asyncio.create_task(self.router.turn("owner", "明天提醒我喝水", self.channel))
         message = await self.channel.wait_for("确认码：")
-        self.assertIn(f"schedule: {slot}", message)
+        self.assertIn(f"\n· 时间：{slot}\n", message)
         await self.approvals.redeem("owner", CODE_LINE.search(message).group(1))
         self.assertEqual(await turn, "已添加。")
         added = json.loads(self.server.requests[1]["messages"][-1]["content"])
