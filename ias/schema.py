@@ -13,6 +13,16 @@ maxContains, content*, deprecated, readOnly, writeOnly. Tuple-form `items` (a li
 is rejected too. Formats other than date, time, date-time, email, ipv4 and uri are
 accepted unchecked. `pattern` is a Python regular expression applied with re.search.
 
+Hostile input (limits in ias.limits): schemas and instances nested deeper than
+JSON_DEPTH_MAX or holding integers of more than JSON_NUMBER_MAX digits are refused
+before any recursion (check() reports the schema, a validator the instance); loads()
+parses JSON text with the same limits checked before parsing. A `pattern` is parsed with
+Python's own regex parser and refused when a repeated group can match the same text in
+more than one way (`(a+)+`, `(a|ab)*`); for the others the backtracking work is estimated
+as a function of the input length, and strings longer than what the step budget allows
+(at most PATTERN_INPUT_MAX) are refused before matching. The estimate is deliberately
+conservative: `^[a-z]+(-[a-z]+)*$` is safe yet refused; write `^[a-z-]+$` plus a check.
+
 Semantics worth knowing: booleans are not numbers; 1.0 is an integer; enum, const and
 uniqueItems use JSON equality (1 == 1.0, True != 1); when a value has the wrong
 `type`, the other keywords of that schema are not reported for it; anyOf/oneOf failures
@@ -41,7 +51,16 @@ import re
 from fractions import Fraction
 from typing import Any, Callable
 
-__all__ = ["SchemaError", "Validator", "apply_defaults", "check", "compile", "validate"]
+try:  # Python's own regex parser: re._parser since 3.11, sre_parse before
+    from re import _constants as _sre, _parser as _sre_parse
+except ImportError:  # pragma: no cover - Python < 3.11
+    import sre_constants as _sre  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+from .limits import (JSON_DEPTH_MAX, JSON_NUMBER_MAX, PATTERN_INPUT_MAX, PATTERN_INPUT_MIN,
+                     PATTERN_MAX, PATTERN_STEPS_MAX)
+
+__all__ = ["SchemaError", "Validator", "apply_defaults", "check", "compile", "loads", "validate"]
 
 TYPE_NAMES = ("string", "integer", "number", "boolean", "object", "array", "null")
 CACHE_MAX = 1024
@@ -75,6 +94,9 @@ def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public nam
 
     def validator(instance: Any) -> list[str]:
         """Return the instance's errors as `path: message` strings; empty means valid."""
+        hostile = _hostile(instance)
+        if hostile is not None:
+            return [f"$: {hostile}"]
         errors: list[str] = []
         node(instance, "$", "", errors)
         return errors
@@ -90,6 +112,12 @@ def validate(instance: Any, schema: Any) -> list[str]:
 
     Raises SchemaError when the schema itself is invalid (see check()).
     """
+    hostile = _hostile(instance)
+    if hostile is not None:
+        problems = check(schema)
+        if problems:
+            raise SchemaError(problems)
+        return [f"$: {hostile}"]
     errors: list[str] = []
     entry = _cache.get(id(schema))
     if entry is not None and entry[1] == schema:
@@ -107,7 +135,16 @@ def validate(instance: Any, schema: Any) -> list[str]:
 
 
 def apply_defaults(instance: Any, schema: Any) -> Any:
-    """Return a deep copy of instance with absent object properties filled from their defaults."""
+    """Return a deep copy of instance with absent object properties filled from their defaults.
+
+    An instance too deep or too large to handle is returned as is, for the validator to refuse.
+    """
+    if _hostile(instance) is not None:
+        return instance
+    return _apply_defaults(instance, schema)
+
+
+def _apply_defaults(instance: Any, schema: Any) -> Any:
     if isinstance(instance, dict):
         if not isinstance(schema, dict):
             return copy.deepcopy(instance)
@@ -115,16 +152,88 @@ def apply_defaults(instance: Any, schema: Any) -> Any:
         if not isinstance(props, dict):
             props = {}
         extra = schema.get("additionalProperties")
-        out = {k: apply_defaults(v, props.get(k, extra)) for k, v in instance.items()}
+        out = {k: _apply_defaults(v, props.get(k, extra)) for k, v in instance.items()}
         for name, sub in props.items():
             if name not in out and isinstance(sub, dict) and "default" in sub:
                 # Defaults are filled in turn, so a default object gains its own nested defaults.
-                out[name] = apply_defaults(sub["default"], sub)
+                out[name] = _apply_defaults(sub["default"], sub)
         return out
     if isinstance(instance, list):
         items = schema.get("items") if isinstance(schema, dict) else None
-        return [apply_defaults(v, items) for v in instance]
+        return [_apply_defaults(v, items) for v in instance]
     return copy.deepcopy(instance)
+
+
+# ---------------------------------------------------------------------------------------
+# Hostile JSON: depth and number size, checked without recursion
+
+_INT_LIMIT = 10 ** JSON_NUMBER_MAX
+_DEPTH_MSG = f"nested deeper than {JSON_DEPTH_MAX} levels"
+_NUMBER_MSG = f"number with more than {JSON_NUMBER_MAX} digits"
+
+
+def _hostile(value: Any) -> str | None:
+    """Why a value is too deep or holds too large a number to handle safely, or None."""
+    t = type(value)
+    if t is str or t is bool or t is float or value is None:
+        return None
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            if isinstance(v, int) and not -_INT_LIMIT < v < _INT_LIMIT:
+                return _NUMBER_MSG
+            continue
+        if depth > JSON_DEPTH_MAX:
+            return _DEPTH_MSG
+        for child in children:
+            if isinstance(child, (dict, list, int)):
+                push((child, depth + 1))
+    return None
+
+
+# A string (kept whole, so brackets inside it are skipped), a bracket, a number, or a
+# constant json accepts but JSON does not have.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]|[\]}]|-?[0-9][-+.0-9eE]*|NaN|-?Infinity')
+
+
+def _too_big_float(token: str) -> bool:
+    """Whether a number literal overflows a float (json.loads would give inf)."""
+    try:
+        return math.isinf(float(token))
+    except ValueError:  # not a number after all: json.loads reports it
+        return False
+
+
+def loads(text: str) -> Any:
+    """json.loads with the depth and number limits checked first; raise json.JSONDecodeError.
+
+    json.loads itself recurses per nesting level and parses any number of digits, so a
+    hostile document would raise RecursionError or ValueError instead.
+    """
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        c = text[m.start()]
+        if c == '"':
+            continue
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > JSON_DEPTH_MAX:
+                raise json.JSONDecodeError(_DEPTH_MSG, text, m.start())
+        elif c == "]" or c == "}":
+            depth -= 1
+        elif m.group() in ("NaN", "Infinity", "-Infinity"):
+            raise json.JSONDecodeError(f"{m.group()} is not a JSON number", text, m.start())
+        elif m.end() - m.start() > JSON_NUMBER_MAX:
+            raise json.JSONDecodeError(_NUMBER_MSG, text, m.start())
+        elif not m.group().lstrip("-").isdigit() and _too_big_float(m.group()):
+            raise json.JSONDecodeError("number out of range", text, m.start())
+    return json.loads(text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -463,6 +572,9 @@ def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     sized = lo > 0 or hi != math.inf
     pattern = get("pattern")
     search = None if pattern is None else re.compile(pattern).search
+    # check() refused patterns it cannot bound; longer strings are refused before matching.
+    pattern_max = PATTERN_INPUT_MAX if pattern is None else pattern_input_max(pattern)
+    too_long_msg = f"must be at most {_plural(pattern_max, 'character')} long to be matched against pattern '{pattern}'"
     test, label = _FORMATS.get(get("format"), (None, ""))
     matched = search is not None or test is not None
     lo_msg = f"must be at least {_plural(lo, 'character')} long"
@@ -478,8 +590,11 @@ def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
         if sized and not lo <= len(x) <= hi:
             errors.append(f"{path}{seg}: {lo_msg if len(x) < lo else hi_msg}")
         if matched:
-            if search is not None and search(x) is None:
-                errors.append(f"{path}{seg}: {pattern_msg}")
+            if search is not None:
+                if len(x) > pattern_max:
+                    errors.append(f"{path}{seg}: {too_long_msg}")
+                elif search(x) is None:
+                    errors.append(f"{path}{seg}: {pattern_msg}")
             if test is not None and not test(x):
                 errors.append(f"{path}{seg}: {format_msg}")
         if valued:
@@ -694,7 +809,9 @@ def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str, 
             for n in TYPE_NAMES:
                 if n in m.kinds and n not in names and not (n == "integer" and "number" in m.kinds):
                     names.append(n)
-        errors.append(f"{path}{seg}: expected {' or '.join(names)}, got {_kind(x)}")
+        # Only `false` alternatives: no type would do.
+        errors.append(f"{path}{seg}: expected {' or '.join(names)}, got {_kind(x)}" if names
+                      else f"{path}{seg}: not allowed")
     else:
         errors.append(f"{path}{seg}: does not match any of the {keyword} alternatives")
 
@@ -753,6 +870,9 @@ def _mk_not(inner: Node) -> Node:
 
 def check(schema: Any) -> list[str]:
     """Return the problems of a schema as `path: message` strings; empty means usable."""
+    hostile = _hostile(schema)
+    if hostile is not None:
+        return [f"$: {hostile}"]
     problems: list[str] = []
     _check(schema, "$", problems)
     return problems
@@ -861,13 +981,13 @@ def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
     """minimum, maximum and the exclusive bounds: a finite number."""
     if not _is_number(value):
         out.append(f"{path}.{key}: must be a number, got {_kind(value)}")
-    elif not math.isfinite(value):
+    elif isinstance(value, float) and not math.isfinite(value):
         out.append(f"{path}.{key}: must be a finite number")
 
 
 def _ck_positive(value: Any, path: str, key: str, out: list[str]) -> None:
     """multipleOf: a number greater than 0."""
-    if not _is_number(value) or not math.isfinite(value) or not value > 0:
+    if not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)) or not value > 0:
         out.append(f"{path}.{key}: must be a number greater than 0")
 
 
@@ -889,10 +1009,176 @@ def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
     if not isinstance(value, str):
         out.append(f"{path}.pattern: must be a string, got {_kind(value)}")
         return
+    if len(value) > PATTERN_MAX:
+        out.append(f"{path}.pattern: longer than {PATTERN_MAX} characters")
+        return
     try:
         re.compile(value)
     except re.error as exc:
         out.append(f"{path}.pattern: invalid regular expression: {exc}")
+        return
+    except (RecursionError, OverflowError, MemoryError, ValueError):
+        out.append(f"{path}.pattern: regular expression too complex")
+        return
+    problem = pattern_input_max(value)
+    if isinstance(problem, str):
+        out.append(f"{path}.pattern: {problem}")
+
+
+# ---------------------------------------------------------------------------------------
+# Pattern cost: how long a string a pattern may be matched against within the step budget
+
+
+class _Ambiguous(Exception):
+    """A repeated part of a pattern can match the same text in more than one way."""
+
+
+_INF = math.inf
+_ZERO_WIDTH = frozenset({_sre.AT, _sre.ASSERT, _sre.ASSERT_NOT})
+_REPEATS = frozenset(op for op in (getattr(_sre, "MAX_REPEAT"), getattr(_sre, "MIN_REPEAT"),
+                                   getattr(_sre, "POSSESSIVE_REPEAT", None)) if op is not None)
+_ATOMIC = getattr(_sre, "ATOMIC_GROUP", None)
+_IGNORECASE = _sre.SRE_FLAG_IGNORECASE
+_PATTERN_CACHE: dict[str, int | str] = {}
+
+
+def pattern_input_max(pattern: str) -> int | str:
+    """The longest string `pattern` may be searched in within PATTERN_STEPS_MAX, or why it is refused.
+
+    The pattern must compile. Cached: skills share patterns, and loading must stay cheap.
+    """
+    found = _PATTERN_CACHE.get(pattern)
+    if found is None:
+        try:
+            found = _input_max(pattern)
+        except _Ambiguous:
+            found = ("prone to catastrophic backtracking: a repeated part can match the same text "
+                     "in more than one way (nested quantifiers like (a+)+, overlapping alternatives "
+                     "like (a|ab)*)")
+        except (RecursionError, OverflowError, MemoryError, ValueError, re.error):
+            found = "regular expression too complex"
+        if len(_PATTERN_CACHE) >= CACHE_MAX:
+            _PATTERN_CACHE.clear()
+        _PATTERN_CACHE[pattern] = found
+    return found
+
+
+def _input_max(pattern: str) -> int | str:
+    parsed = _sre_parse.parse(pattern)
+    flags = parsed.state.flags
+    ignore_case = bool(flags & _IGNORECASE)
+    first = parsed.data[0] if parsed.data else None
+    anchored = (first is not None and first[0] is _sre.AT and not flags & _sre.SRE_FLAG_MULTILINE
+                and first[1] in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING))
+
+    def steps(n: int) -> float:
+        # re.search tries each start position unless the pattern is anchored.
+        return _ways(parsed.data, n, ignore_case) * (1 if anchored else n + 1)
+
+    if steps(PATTERN_INPUT_MAX) <= PATTERN_STEPS_MAX:
+        return PATTERN_INPUT_MAX
+    if steps(PATTERN_INPUT_MIN) > PATTERN_STEPS_MAX:
+        return (f"too slow to match: its backtracking grows too fast with the input length "
+                f"(fewer than {PATTERN_INPUT_MIN} characters could be checked in time)")
+    lo, hi = PATTERN_INPUT_MIN, PATTERN_INPUT_MAX      # steps(lo) fits, steps(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if steps(mid) <= PATTERN_STEPS_MAX else (lo, mid)
+    return lo
+
+
+def _ways(items, n: int, ignore_case: bool) -> float:
+    """An upper bound on the ways a sequence can match at one position of an n-character string."""
+    total = 1.0
+    for op, av in items:
+        if op is _sre.SUBPATTERN:
+            w = _ways(av[-1], n, ignore_case or bool(av[1] & _IGNORECASE))
+        elif op is _ATOMIC:
+            w = _ways(av, n, ignore_case)
+        elif op is _sre.ASSERT or op is _sre.ASSERT_NOT:
+            w = _ways(av[1], n, ignore_case)
+        elif op is _sre.BRANCH:
+            alternatives = av[1]
+            ws = [_ways(b, n, ignore_case) for b in alternatives]
+            firsts = [_first(b, ignore_case) for b in alternatives]
+            # Alternatives that start with distinct characters: at most one can go on.
+            w = max(ws) if _disjoint(firsts) else sum(ws)
+        elif op is _sre.GROUPREF_EXISTS:
+            w = _ways(av[1], n, ignore_case) + (_ways(av[2], n, ignore_case) if av[2] else 1.0)
+        elif op in _REPEATS:
+            low, high, body = av
+            wb = _ways(body, n, ignore_case)
+            if high == low:
+                try:
+                    w = wb ** low
+                except OverflowError:
+                    w = _INF
+            else:
+                width_lo, width_hi = body.getwidth()
+                if wb != 1 or width_lo != width_hi:
+                    raise _Ambiguous()
+                count = n if width_lo == 0 else n // width_lo
+                w = float(max(1, min(high, count) - low + 1))
+        else:
+            w = 1.0
+        total *= w
+    return total
+
+
+def _first(items, ignore_case: bool) -> tuple[frozenset | None, bool]:
+    """The characters a sequence can start with (None = any) and whether it can match empty."""
+    chars: set = set()
+    for op, av in items:
+        if op in _ZERO_WIDTH:
+            continue
+        if op is _sre.SUBPATTERN:
+            f, nullable = _first(av[-1], ignore_case or bool(av[1] & _IGNORECASE))
+        elif op is _ATOMIC:
+            f, nullable = _first(av, ignore_case)
+        elif op is _sre.BRANCH:
+            parts = [_first(b, ignore_case) for b in av[1]]
+            f = None if any(p[0] is None for p in parts) else frozenset().union(*(p[0] for p in parts))
+            nullable = any(p[1] for p in parts)
+        elif op in _REPEATS:
+            f, nullable = _first(av[2], ignore_case)
+            nullable = nullable or av[0] == 0
+        elif op is _sre.LITERAL and not ignore_case:
+            f, nullable = frozenset((av,)), False
+        elif op is _sre.IN and not ignore_case:
+            f, nullable = _class(av), False
+        elif op in (_sre.LITERAL, _sre.IN, _sre.NOT_LITERAL, _sre.ANY):
+            f, nullable = None, False
+        else:  # group references, conditionals: anything, possibly empty
+            f, nullable = None, True
+        if f is None:
+            return None, False
+        chars |= f
+        if not nullable:
+            return frozenset(chars), False
+    return frozenset(chars), True
+
+
+def _class(items) -> frozenset | None:
+    """The characters of a [...] class made of literals and small ranges; None otherwise."""
+    chars: set = set()
+    for op, av in items:
+        if op is _sre.LITERAL:
+            chars.add(av)
+        elif op is _sre.RANGE and av[1] - av[0] <= 1024:
+            chars.update(range(av[0], av[1] + 1))
+        else:
+            return None
+    return frozenset(chars)
+
+
+def _disjoint(firsts: list[tuple[frozenset | None, bool]]) -> bool:
+    """True when no alternative can match empty and no two can start with the same character."""
+    seen: set = set()
+    for chars, nullable in firsts:
+        if chars is None or nullable or not seen.isdisjoint(chars):
+            return False
+        seen |= chars
+    return True
 
 
 _CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {
