@@ -18,7 +18,7 @@ SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a 
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
 JSON_NUMBER_MAX = 100               # characters of one JSON number literal (digits of a Python int)
 PATTERN_MAX = 1000                  # characters of one schema `pattern`
-PATTERN_STEPS_MAX = 2_000_000       # estimated regex backtracking steps allowed for one match (~10 ms)
+PATTERN_STEPS_MAX = 300_000         # estimated regex steps for one match (a step takes 3-50 ns: <= ~15 ms)
 PATTERN_INPUT_MAX = 10_000          # characters of a string matched against a pattern; longer is refused
 PATTERN_INPUT_MIN = 256             # a pattern that cannot match this many characters within the steps is refused
 

@@ -1071,9 +1071,13 @@ def _input_max(pattern: str) -> int | str:
     anchored = (first is not None and first[0] is _sre.AT and not flags & _sre.SRE_FLAG_MULTILINE
                 and first[1] in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING))
 
+    width = parsed.getwidth()[1]
+
     def steps(n: int) -> float:
-        # re.search tries each start position unless the pattern is anchored.
-        return _ways(parsed.data, n, ignore_case) * (1 if anchored else n + 1)
+        # Each way the ambiguous parts can match is tried with a scan of up to the match's width;
+        # re.search tries each start position unless the pattern is anchored. After the whole
+        # pattern nothing can fail, so the end is followed by no character.
+        return _ways(parsed.data, n, ignore_case, _NOTHING) * min(width + 1, n + 1) * (1 if anchored else n + 1)
 
     if steps(PATTERN_INPUT_MAX) <= PATTERN_STEPS_MAX:
         return PATTERN_INPUT_MAX
@@ -1087,97 +1091,193 @@ def _input_max(pattern: str) -> int | str:
     return lo
 
 
-def _ways(items, n: int, ignore_case: bool) -> float:
-    """An upper bound on the ways a sequence can match at one position of an n-character string."""
+def _ways(items, n: int, ignore_case: bool, follow: "_Chars | None" = None) -> float:
+    """An upper bound on the ways a sequence can match at one position of an n-character string.
+
+    `follow` is what can come right after the sequence (None = anything).
+    """
     total = 1.0
-    for op, av in items:
+    for i, (op, av) in enumerate(items):
+        if op is _sre.SUBPATTERN or op is _ATOMIC or op is _sre.BRANCH or op in _REPEATS:
+            after = _follow(items[i + 1:], ignore_case, follow)
         if op is _sre.SUBPATTERN:
-            w = _ways(av[-1], n, ignore_case or bool(av[1] & _IGNORECASE))
+            w = _ways(av[-1], n, ignore_case or bool(av[1] & _IGNORECASE), after)
         elif op is _ATOMIC:
-            w = _ways(av, n, ignore_case)
+            w = _ways(av, n, ignore_case, after)
         elif op is _sre.ASSERT or op is _sre.ASSERT_NOT:
-            w = _ways(av[1], n, ignore_case)
+            # Zero width, so the pattern's width does not count its scan: count it here.
+            w = _ways(av[1].data, n, ignore_case) * min(av[1].getwidth()[1] + 1, n + 1)
         elif op is _sre.BRANCH:
             alternatives = av[1]
-            ws = [_ways(b, n, ignore_case) for b in alternatives]
+            ws = [_ways(b, n, ignore_case, after) for b in alternatives]
             firsts = [_first(b, ignore_case) for b in alternatives]
             # Alternatives that start with distinct characters: at most one can go on.
             w = max(ws) if _disjoint(firsts) else sum(ws)
         elif op is _sre.GROUPREF_EXISTS:
             w = _ways(av[1], n, ignore_case) + (_ways(av[2], n, ignore_case) if av[2] else 1.0)
         elif op in _REPEATS:
-            low, high, body = av
-            wb = _ways(body, n, ignore_case)
-            if high == low:
-                try:
-                    w = wb ** low
-                except OverflowError:
-                    w = _INF
-            else:
-                width_lo, width_hi = body.getwidth()
-                if wb != 1 or width_lo != width_hi:
-                    raise _Ambiguous()
-                count = n if width_lo == 0 else n // width_lo
-                w = float(max(1, min(high, count) - low + 1))
+            w = _repeat_ways(av, n, ignore_case, after)
         else:
             w = 1.0
         total *= w
     return total
 
 
-def _first(items, ignore_case: bool) -> tuple[frozenset | None, bool]:
-    """The characters a sequence can start with (None = any) and whether it can match empty."""
-    chars: set = set()
+def _repeat_ways(av, n: int, ignore_case: bool, after: "_Chars | None") -> float:
+    """Ways for a repeat {low,high} of body; raise _Ambiguous when iterations can split text several ways."""
+    low, high, body = av
+    if low != high and body.getwidth() == (1, 1):
+        chars = _first(body.data, ignore_case)[0]
+        if (chars is not None and after is not None and _chars_disjoint(chars, after)
+                and _ways(body.data, n, ignore_case) == 1):
+            return 1.0        # a run of single characters that what follows cannot start: one way
+    # Within the body, what follows its end is the next iteration or what comes after the repeat.
+    again = _first(body.data, ignore_case)
+    inner_follow = None if again[0] is None or again[1] or after is None else _union(again[0], after)
+    wb = _ways(body.data, n, ignore_case, inner_follow)
+    if high == low:
+        try:
+            return wb ** low
+        except OverflowError:
+            return _INF
+    width_lo, width_hi = body.getwidth()
+    if wb != 1 or width_lo != width_hi:
+        raise _Ambiguous()
+    count = n if width_lo == 0 else n // width_lo
+    return float(max(1, min(high, count) - low + 1))
+
+
+def _follow(rest, ignore_case: bool, follow: "_Chars | None") -> "_Chars | None":
+    """What can come after an item: the start of the rest of its sequence, or the sequence's follow."""
+    chars, nullable = _first(rest, ignore_case)
+    if not nullable:
+        return chars
+    return None if chars is None or follow is None else _union(chars, follow)
+
+
+# A set of characters: (negated, literal code points, categories among space/digit/word).
+_Chars = tuple
+_NOTHING: _Chars = (False, frozenset(), frozenset())
+_CATEGORIES = {_sre.CATEGORY_DIGIT: "digit", _sre.CATEGORY_SPACE: "space", _sre.CATEGORY_WORD: "word"}
+_NOT_CATEGORIES = {_sre.CATEGORY_NOT_DIGIT: "digit", _sre.CATEGORY_NOT_SPACE: "space",
+                   _sre.CATEGORY_NOT_WORD: "word"}
+_IN_CATEGORY = {"digit": str.isdecimal, "space": str.isspace,
+                "word": lambda c: c.isalnum() or c == "_"}
+_END = frozenset({_sre.AT_END, _sre.AT_END_STRING})
+
+
+def _first(items, ignore_case: bool) -> "tuple[_Chars | None, bool]":
+    """The characters a sequence can start with (None = unknown) and whether it can match empty."""
+    chars: _Chars = _NOTHING
     for op, av in items:
-        if op in _ZERO_WIDTH:
+        if op is _sre.AT and av in _END:
+            f, nullable = (False, frozenset((10,)), frozenset()), False   # the end, or a final newline
+        elif op in _ZERO_WIDTH:
             continue
-        if op is _sre.SUBPATTERN:
+        elif op is _sre.SUBPATTERN:
             f, nullable = _first(av[-1], ignore_case or bool(av[1] & _IGNORECASE))
         elif op is _ATOMIC:
             f, nullable = _first(av, ignore_case)
         elif op is _sre.BRANCH:
             parts = [_first(b, ignore_case) for b in av[1]]
-            f = None if any(p[0] is None for p in parts) else frozenset().union(*(p[0] for p in parts))
+            f = _NOTHING
+            for part in parts:
+                f = None if f is None or part[0] is None else _union(f, part[0])
             nullable = any(p[1] for p in parts)
         elif op in _REPEATS:
             f, nullable = _first(av[2], ignore_case)
             nullable = nullable or av[0] == 0
-        elif op is _sre.LITERAL and not ignore_case:
-            f, nullable = frozenset((av,)), False
-        elif op is _sre.IN and not ignore_case:
-            f, nullable = _class(av), False
-        elif op in (_sre.LITERAL, _sre.IN, _sre.NOT_LITERAL, _sre.ANY):
-            f, nullable = None, False
+        elif op is _sre.LITERAL:
+            f, nullable = _caseless((False, frozenset((av,)), frozenset()), ignore_case), False
+        elif op is _sre.NOT_LITERAL:
+            f, nullable = _caseless((True, frozenset((av,)), frozenset()), ignore_case), False
+        elif op is _sre.IN:
+            f, nullable = _caseless(_class(av), ignore_case), False
+        elif op is _sre.ANY:
+            f, nullable = (True, frozenset(), frozenset()), False
         else:  # group references, conditionals: anything, possibly empty
             f, nullable = None, True
-        if f is None:
-            return None, False
-        chars |= f
-        if not nullable:
-            return frozenset(chars), False
-    return frozenset(chars), True
+        chars = None if f is None or chars is None else _union(chars, f)
+        if chars is None or not nullable:
+            return chars, False
+    return chars, True
 
 
-def _class(items) -> frozenset | None:
-    """The characters of a [...] class made of literals and small ranges; None otherwise."""
-    chars: set = set()
+def _caseless(chars: "_Chars | None", ignore_case: bool) -> "_Chars | None":
+    """Under IGNORECASE, a set naming letters (or non-ASCII characters) is unknown."""
+    if chars is None or not ignore_case:
+        return chars
+    if any(c > 127 or chr(c).isalpha() for c in chars[1]):
+        return None
+    return chars
+
+
+def _class(items) -> "_Chars | None":
+    """The set of a [...] class of literals, small ranges and categories; None when not that simple."""
+    lits: set = set()
+    cats: set = set()
+    negated = False
     for op, av in items:
         if op is _sre.LITERAL:
-            chars.add(av)
+            lits.add(av)
         elif op is _sre.RANGE and av[1] - av[0] <= 1024:
-            chars.update(range(av[0], av[1] + 1))
+            lits.update(range(av[0], av[1] + 1))
+        elif op is _sre.NEGATE:
+            negated = True
+        elif op is _sre.CATEGORY and av in _CATEGORIES:
+            cats.add(_CATEGORIES[av])
+        elif op is _sre.CATEGORY and av in _NOT_CATEGORIES and len(items) == 1:
+            return True, frozenset(), frozenset((_NOT_CATEGORIES[av],))       # \S, \D, \W
         else:
             return None
-    return frozenset(chars)
+    return negated, frozenset(lits), frozenset(cats)
 
 
-def _disjoint(firsts: list[tuple[frozenset | None, bool]]) -> bool:
+def _union(a: _Chars, b: _Chars) -> "_Chars | None":
+    """a | b, when it can be written as a set of this kind."""
+    if not a[0] and not b[0]:
+        return False, a[1] | b[1], a[2] | b[2]
+    if a == b or b == _NOTHING:
+        return a
+    if a == _NOTHING:
+        return b
+    return None
+
+
+def _has(chars: _Chars, c: int) -> bool:
+    """Whether a non-negated set holds the character c."""
+    return c in chars[1] or any(_IN_CATEGORY[k](chr(c)) for k in chars[2])
+
+
+def _covers(chars: _Chars, category: str) -> bool:
+    """Whether a non-negated set holds every character of a category."""
+    return category in chars[2] or (category == "digit" and "word" in chars[2])
+
+
+def _chars_disjoint(a: _Chars, b: _Chars) -> bool:
+    """Whether no character is in both sets."""
+    if a[0] and b[0]:
+        return False
+    if a[0]:
+        a, b = b, a
+    if b[0]:   # a within the complement of b's listed characters
+        listed = (False, b[1], b[2])
+        return all(_has(listed, c) for c in a[1]) and all(_covers(listed, k) for k in a[2])
+    if a[1] & b[1]:
+        return False
+    if any(_has((False, frozenset(), b[2]), c) for c in a[1]) or any(
+            _has((False, frozenset(), a[2]), c) for c in b[1]):
+        return False
+    return not any(x == y or {x, y} == {"digit", "word"} for x in a[2] for y in b[2])
+
+
+def _disjoint(firsts: "list[tuple[_Chars | None, bool]]") -> bool:
     """True when no alternative can match empty and no two can start with the same character."""
-    seen: set = set()
-    for chars, nullable in firsts:
-        if chars is None or nullable or not seen.isdisjoint(chars):
+    for i, (chars, nullable) in enumerate(firsts):
+        if chars is None or nullable:
             return False
-        seen |= chars
+        if any(not _chars_disjoint(chars, other) for other, _ in firsts[:i]):
+            return False
     return True
 
 

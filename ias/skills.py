@@ -164,7 +164,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
-    title, preamble, sections, structural = _split(text)
+    title, preamble, sections, structural = _split(text.removeprefix("\ufeff"))   # a BOM is no text
     problems.extend(f"{where}:{p}" for p in structural)
     description = "\n".join(line for _, line in preamble).strip() or title
     if not description:
@@ -260,7 +260,7 @@ def load_skill(directory: Path, source: str = "user") -> Skill:
     except OSError as exc:
         raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
     try:
-        return parse_skill(path, text.removeprefix("\ufeff"), source)
+        return parse_skill(path, text, source)
     except SkillError:
         raise
     except Exception as exc:  # noqa: BLE001 - one bad skill must never stop the others
@@ -317,22 +317,23 @@ def load_registry(system_dir: Path | None, user_dir: Path | None,
                 skill = replace(skill, risk="high")
             skill = replace(skill, overrides=True)
         skills[name] = skill
-    for skill in skills.values():
-        if skill.high:
-            warnings.extend(_untitled(skill))
     for warning in warnings:
         log.warning("%s", warning)
+    # For `skills check`, not the log: every command would repeat them.
+    warnings.extend(w for skill in skills.values() if skill.high for w in _untitled(skill))
     return Registry(skills, tuple(problems), tuple(warnings))
 
 
 def _untitled(skill: Skill) -> list[str]:
-    """Warnings for a High skill's parameters without a `title` (their label for the owner)."""
+    """A warning naming a High skill's parameters without a `title` (their label for the owner)."""
     props = skill.parameters.get("properties")
     if not isinstance(props, dict):
         return []
-    return [f"{skill.directory / 'SKILL.md'}:{skill.parameters_line}: High skill parameter '{key}' has no "
-            "title (its label in the approval message)"
-            for key, sub in props.items() if not (isinstance(sub, dict) and isinstance(sub.get("title"), str))]
+    untitled = [key for key, sub in props.items() if not (isinstance(sub, dict) and isinstance(sub.get("title"), str))]
+    if not untitled:
+        return []
+    return [f"{skill.directory / 'SKILL.md'}:{skill.parameters_line}: High skill parameters without a title "
+            f"(their label in the approval message): {', '.join(untitled)}"]
 
 
 def registry(config) -> Registry:

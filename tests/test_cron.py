@@ -249,11 +249,11 @@ class FallbackZoneTest(unittest.TestCase):
     """Without tzdata the module falls back to a fixed +08:00 zone and still works."""
 
     def test_fixed_offset_fallback(self):
-        spec = importlib.util.spec_from_file_location("ias_cron_fallback", ias.cron.__file__)
+        spec = importlib.util.spec_from_file_location("ias._cron_fallback", ias.cron.__file__)
         module = importlib.util.module_from_spec(spec)
         # dataclasses look the module up in sys.modules while the class is built.
         with mock.patch("zoneinfo.ZoneInfo", side_effect=ZoneInfoNotFoundError("no tzdata")), \
-                mock.patch.dict(sys.modules, {"ias_cron_fallback": module}):
+                mock.patch.dict(sys.modules, {"ias._cron_fallback": module}):
             spec.loader.exec_module(module)
         tz = module.TZ
         self.assertIsInstance(tz, timezone)
