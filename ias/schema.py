@@ -13,10 +13,13 @@ maxContains, content*, deprecated, readOnly, writeOnly. Tuple-form `items` (a li
 is rejected too. Formats other than date, time, date-time, email, ipv4 and uri are
 accepted unchecked. `pattern` is a Python regular expression applied with re.search.
 
-Hostile input (limits in ias.limits): schemas and instances nested deeper than
-JSON_DEPTH_MAX or holding integers of more than JSON_NUMBER_MAX digits are refused
-before any recursion (check() reports the schema, a validator the instance); loads()
-parses JSON text with the same limits checked before parsing. A `pattern` is parsed with
+Hostile input (limits in ias.limits): check() refuses schemas nested deeper than
+JSON_DEPTH_MAX or holding integers of more than JSON_NUMBER_MAX digits before any
+recursion; loads() checks JSON text for both before parsing. A validator refuses instances
+nested deeper than JSON_DEPTH_MAX, without recursion; where the schema describes every
+container it accepts ("closed", e.g. additionalProperties false and typed items) the check is
+skipped, since such a schema rejects anything deeper than itself, and nothing recurses into
+an instance except along the schema. A `pattern` is parsed with
 Python's own regex parser and refused when a repeated group can match the same text in
 more than one way (`(a+)+`, `(a|ab)*`); for the others the backtracking work is estimated
 as a function of the input length, and strings longer than what the step budget allows
@@ -90,13 +93,10 @@ def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public nam
     problems = check(schema)
     if problems:
         raise SchemaError(problems)
-    node = _compile(schema)[0]
+    node = _guarded(schema, _compile(schema)[0])
 
     def validator(instance: Any) -> list[str]:
         """Return the instance's errors as `path: message` strings; empty means valid."""
-        hostile = _hostile(instance)
-        if hostile is not None:
-            return [f"$: {hostile}"]
         errors: list[str] = []
         node(instance, "$", "", errors)
         return errors
@@ -112,12 +112,6 @@ def validate(instance: Any, schema: Any) -> list[str]:
 
     Raises SchemaError when the schema itself is invalid (see check()).
     """
-    hostile = _hostile(instance)
-    if hostile is not None:
-        problems = check(schema)
-        if problems:
-            raise SchemaError(problems)
-        return [f"$: {hostile}"]
     errors: list[str] = []
     entry = _cache.get(id(schema))
     if entry is not None and entry[1] == schema:
@@ -126,7 +120,7 @@ def validate(instance: Any, schema: Any) -> list[str]:
     problems = check(schema)
     if problems:
         raise SchemaError(problems)
-    node = _compile(schema)[0]
+    node = _guarded(schema, _compile(schema)[0])
     if len(_cache) >= CACHE_MAX:
         _cache.clear()
     _cache[id(schema)] = (schema, copy.deepcopy(schema), node)
@@ -137,9 +131,9 @@ def validate(instance: Any, schema: Any) -> list[str]:
 def apply_defaults(instance: Any, schema: Any) -> Any:
     """Return a deep copy of instance with absent object properties filled from their defaults.
 
-    An instance too deep or too large to handle is returned as is, for the validator to refuse.
+    An instance nested too deep is returned as is, for the validator to refuse.
     """
-    if _hostile(instance) is not None:
+    if type(instance) not in _LEAF_TYPES and _too_deep(instance):
         return instance
     return _apply_defaults(instance, schema)
 
@@ -172,28 +166,94 @@ _DEPTH_MSG = f"nested deeper than {JSON_DEPTH_MAX} levels"
 _NUMBER_MSG = f"number with more than {JSON_NUMBER_MAX} digits"
 
 
+_LEAF_TYPES = frozenset({str, bool, float, int, type(None)})
+_SCALAR_NAMES = frozenset({"string", "integer", "number", "boolean", "null"})
+
+
+def _guarded(schema: Any, node: Node) -> Node:
+    """The root node plus the depth limit for instances, checked only where the schema leaves
+    the depth open: a valid instance of a closed schema is no deeper than the schema."""
+    if _closed(schema):
+        return node
+    names = _closed_but_extra(schema)
+
+    def guarded(x, path, seg, errors):
+        t = type(x)
+        if t in _LEAF_TYPES or (names is not None and t is dict and x.keys() <= names) or not _too_deep(x):
+            node(x, path, seg, errors)
+        else:
+            errors.append(f"{path}{seg}: {_DEPTH_MSG}")
+    return guarded
+
+
+def _closed(schema: Any) -> bool:
+    """Whether every instance the (checked) schema accepts has all its containers described by it."""
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        return False
+    if "enum" in schema or "const" in schema or any(map(_closed, schema.get("allOf", ()))):
+        return True
+    if any(key in schema and all(map(_closed, schema[key])) for key in ("anyOf", "oneOf")):
+        return True
+    if "type" not in schema:
+        return False
+    names = {schema["type"]} if isinstance(schema["type"], str) else set(schema["type"])
+    if "object" in names and not (_closed(schema.get("additionalProperties", True))
+                                  and all(map(_closed, schema.get("properties", {}).values()))):
+        return False
+    return "array" not in names or _closed(schema.get("items", True))
+
+
+def _closed_but_extra(schema: Any) -> frozenset | None:
+    """For an object schema closed but for additional properties, its property names."""
+    if not isinstance(schema, dict) or schema.get("type") not in ("object", ["object"]):
+        return None
+    props = schema.get("properties", {})
+    return frozenset(props) if all(map(_closed, props.values())) else None
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether containers nest deeper than JSON_DEPTH_MAX (the validator's hot path: one
+    comprehension per level). Numbers are not checked here: huge ints are harmless to
+    validate, and JSON text is limited by loads()."""
+    if not isinstance(value, (dict, list, tuple)):
+        return False
+    level = [value]
+    for _ in range(JSON_DEPTH_MAX):
+        below = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if type(v) not in _LEAF_TYPES]
+        level = [v for v in below if isinstance(v, (dict, list, tuple))]
+        if not level:
+            return False
+    return True
+
+
 def _hostile(value: Any) -> str | None:
     """Why a value is too deep or holds too large a number to handle safely, or None."""
     t = type(value)
     if t is str or t is bool or t is float or value is None:
         return None
-    stack = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        v, depth = pop()
-        if isinstance(v, dict):
-            children = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            if isinstance(v, int) and not -_INT_LIMIT < v < _INT_LIMIT:
-                return _NUMBER_MSG
-            continue
+    if t is int or not isinstance(value, (dict, list)):
+        return _NUMBER_MSG if isinstance(value, int) and not -_INT_LIMIT < value < _INT_LIMIT else None
+    # Breadth first, one level at a time: no recursion, no per-value bookkeeping.
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
         if depth > JSON_DEPTH_MAX:
             return _DEPTH_MSG
-        for child in children:
-            if isinstance(child, (dict, list, int)):
-                push((child, depth + 1))
+        below = []
+        for container in level:
+            for v in (container.values() if isinstance(container, dict) else container):
+                tv = type(v)
+                if tv is str or tv is bool or tv is float or v is None:
+                    continue
+                if tv is dict or tv is list or isinstance(v, (dict, list)):
+                    below.append(v)
+                elif isinstance(v, int) and not isinstance(v, bool) and not -_INT_LIMIT < v < _INT_LIMIT:
+                    return _NUMBER_MSG
+        level = below
     return None
 
 
@@ -302,6 +362,13 @@ def _canon(v: Any) -> Any:
     if isinstance(v, dict):
         return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
     return ("?", id(v))
+
+
+def _canon_instance(v: Any) -> Any:
+    """_canon() of an instance value, which may be nested too deep to recurse into."""
+    if type(v) in _LEAF_TYPES or not _too_deep(v):
+        return _canon(v)
+    return ("deep", id(v))       # equal to nothing a schema holds
 
 
 def _plural(n: int, word: str) -> str:
@@ -734,7 +801,7 @@ def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
         if unique:
             seen: dict = {}
             for i, v in enumerate(x):
-                j = seen.setdefault(_canon(v), i)
+                j = seen.setdefault(_canon_instance(v), i)
                 if j != i:
                     errors.append(f"{path}{seg}: items must be unique ([{j}] and [{i}] are equal)")
                     break
@@ -781,7 +848,7 @@ def _mk_enum(values: list) -> Node:
     def check_enum(x, path, seg, errors):
         t = type(x)
         # Strings and numbers are their own canonical form; skip the call for them.
-        if (x if t is str or t is int or t is float else _canon(x)) not in allowed:
+        if (x if t is str or t is int or t is float else _canon_instance(x)) not in allowed:
             errors.append(f"{path}{seg}: {message}")
     return check_enum
 
@@ -792,7 +859,7 @@ def _mk_const(value: Any) -> Node:
     message = f"must be equal to {_js(value)}"
 
     def check_const(x, path, seg, errors):
-        if _canon(x) != want:
+        if _canon_instance(x) != want:
             errors.append(f"{path}{seg}: {message}")
     return check_const
 

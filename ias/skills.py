@@ -199,7 +199,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                 if not isinstance(parameters, dict) or parameters.get("type") != "object":
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
-                    problems.extend(f"{where}:{block.line}: {p}" for p in schema.check(parameters))
+                    problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in schema.check(parameters))
                 parameters_line = block.line
 
     execute = ""
