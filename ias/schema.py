@@ -48,6 +48,7 @@ an edit that only swaps such values goes unnoticed: compile() again after such a
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -1106,6 +1107,8 @@ _REPEATS = frozenset(op for op in (getattr(_sre, "MAX_REPEAT"), getattr(_sre, "M
                                    getattr(_sre, "POSSESSIVE_REPEAT", None)) if op is not None)
 _ATOMIC = getattr(_sre, "ATOMIC_GROUP", None)
 _IGNORECASE = _sre.SRE_FLAG_IGNORECASE
+_MULTILINE = _sre.SRE_FLAG_MULTILINE
+_MODE_FLAGS = _IGNORECASE | _MULTILINE      # the flags the cost estimate depends on
 _PATTERN_CACHE: dict[str, int | str] = {}
 
 
@@ -1133,18 +1136,22 @@ def pattern_input_max(pattern: str) -> int | str:
 def _input_max(pattern: str) -> int | str:
     parsed = _sre_parse.parse(pattern)
     flags = parsed.state.flags
-    ignore_case = bool(flags & _IGNORECASE)
+    mode = flags & _MODE_FLAGS
     first = parsed.data[0] if parsed.data else None
     anchored = (first is not None and first[0] is _sre.AT and not flags & _sre.SRE_FLAG_MULTILINE
                 and first[1] in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING))
 
+    # The ways are bounded by c * n**k for input length n (computed once); each way is tried
+    # with a scan of up to the match's width, and re.search tries each start position unless
+    # the pattern is anchored. After the whole pattern nothing can fail: no character follows.
+    c, k = _ways(parsed.data, mode, _NOTHING)
     width = parsed.getwidth()[1]
 
     def steps(n: int) -> float:
-        # Each way the ambiguous parts can match is tried with a scan of up to the match's width;
-        # re.search tries each start position unless the pattern is anchored. After the whole
-        # pattern nothing can fail, so the end is followed by no character.
-        return _ways(parsed.data, n, ignore_case, _NOTHING) * min(width + 1, n + 1) * (1 if anchored else n + 1)
+        try:
+            return c * float(n) ** k * min(width + 1, n + 1) * (1 if anchored else n + 1)
+        except OverflowError:
+            return _INF
 
     if steps(PATTERN_INPUT_MAX) <= PATTERN_STEPS_MAX:
         return PATTERN_INPUT_MAX
@@ -1158,65 +1165,80 @@ def _input_max(pattern: str) -> int | str:
     return lo
 
 
-def _ways(items, n: int, ignore_case: bool, follow: "_Chars | None" = None) -> float:
-    """An upper bound on the ways a sequence can match at one position of an n-character string.
+# Ways are (c, k): at most c * n**k ways for an input of n characters (n >= 1).
+_ONE = (1.0, 0)
 
-    `follow` is what can come right after the sequence (None = anything).
-    """
-    total = 1.0
+
+def _times(a: tuple, b: tuple) -> tuple:
+    return a[0] * b[0], a[1] + b[1]
+
+
+def _count(choices: int) -> tuple:
+    """Ways for a choice among `choices` counts, at most one per input position."""
+    return (float(choices), 0) if choices <= PATTERN_INPUT_MAX else (1.0, 1)
+
+
+def _ways(items, mode: int, follow: "_Chars | None" = None) -> tuple:
+    """An upper bound (c, k) on the ways a sequence can match at one position of an n-character
+    string: c * n**k. `follow` is what can come right after the sequence (None = anything)."""
+    total = _ONE
     for i, (op, av) in enumerate(items):
         if op is _sre.SUBPATTERN or op is _ATOMIC or op is _sre.BRANCH or op in _REPEATS:
-            after = _follow(items[i + 1:], ignore_case, follow)
+            after = _follow(items[i + 1:], mode, follow)
         if op is _sre.SUBPATTERN:
-            w = _ways(av[-1], n, ignore_case or bool(av[1] & _IGNORECASE), after)
+            w = _ways(av[-1], mode | (av[1] & _MODE_FLAGS), after)
         elif op is _ATOMIC:
-            w = _ways(av, n, ignore_case, after)
+            w = _ways(av, mode, after)
         elif op is _sre.ASSERT or op is _sre.ASSERT_NOT:
             # Zero width, so the pattern's width does not count its scan: count it here.
-            w = _ways(av[1].data, n, ignore_case) * min(av[1].getwidth()[1] + 1, n + 1)
+            w = _times(_ways(av[1].data, mode), _count(av[1].getwidth()[1] + 1))
         elif op is _sre.BRANCH:
             alternatives = av[1]
-            ws = [_ways(b, n, ignore_case, after) for b in alternatives]
-            firsts = [_first(b, ignore_case) for b in alternatives]
+            ws = [_ways(b, mode, after) for b in alternatives]
+            firsts = [_first(b, mode) for b in alternatives]
             # Alternatives that start with distinct characters: at most one can go on.
-            w = max(ws) if _disjoint(firsts) else sum(ws)
+            if _disjoint(firsts):
+                w = (max(c for c, _ in ws), max(k for _, k in ws))
+            else:
+                w = (sum(c for c, _ in ws), max(k for _, k in ws))
         elif op is _sre.GROUPREF_EXISTS:
-            w = _ways(av[1], n, ignore_case) + (_ways(av[2], n, ignore_case) if av[2] else 1.0)
+            yes, no = _ways(av[1], mode), _ways(av[2], mode) if av[2] else _ONE
+            w = (yes[0] + no[0], max(yes[1], no[1]))
         elif op in _REPEATS:
-            w = _repeat_ways(av, n, ignore_case, after)
+            w = _repeat_ways(av, mode, after)
         else:
-            w = 1.0
-        total *= w
+            w = _ONE
+        total = _times(total, w)
     return total
 
 
-def _repeat_ways(av, n: int, ignore_case: bool, after: "_Chars | None") -> float:
+def _repeat_ways(av, mode: int, after: "_Chars | None") -> tuple:
     """Ways for a repeat {low,high} of body; raise _Ambiguous when iterations can split text several ways."""
     low, high, body = av
-    if low != high and body.getwidth() == (1, 1):
-        chars = _first(body.data, ignore_case)[0]
-        if (chars is not None and after is not None and _chars_disjoint(chars, after)
-                and _ways(body.data, n, ignore_case) == 1):
-            return 1.0        # a run of single characters that what follows cannot start: one way
+    if low != high and body.getwidth() == (1, 1) and _ways(body.data, mode) == _ONE:
+        chars = _first(body.data, mode)[0]
+        if after == _NOTHING or (chars is not None and after is not None and _chars_disjoint(chars, after)):
+            return _ONE       # a run of single characters that what follows cannot start: one way
+        if after == _AT_END:
+            return (2.0, 0)   # `$` holds at the end or before a final newline only
     # Within the body, what follows its end is the next iteration or what comes after the repeat.
-    again = _first(body.data, ignore_case)
+    again = _first(body.data, mode)
     inner_follow = None if again[0] is None or again[1] or after is None else _union(again[0], after)
-    wb = _ways(body.data, n, ignore_case, inner_follow)
+    wb = _ways(body.data, mode, inner_follow)
     if high == low:
         try:
-            return wb ** low
+            return wb[0] ** low, wb[1] * low
         except OverflowError:
-            return _INF
+            return _INF, 0
     width_lo, width_hi = body.getwidth()
-    if wb != 1 or width_lo != width_hi:
+    if wb != _ONE or width_lo != width_hi:
         raise _Ambiguous()
-    count = n if width_lo == 0 else n // width_lo
-    return float(max(1, min(high, count) - low + 1))
+    return _count(high - low + 1)
 
 
-def _follow(rest, ignore_case: bool, follow: "_Chars | None") -> "_Chars | None":
+def _follow(rest, mode: int, follow: "_Chars | None") -> "_Chars | None":
     """What can come after an item: the start of the rest of its sequence, or the sequence's follow."""
-    chars, nullable = _first(rest, ignore_case)
+    chars, nullable = _first(rest, mode)
     if not nullable:
         return chars
     return None if chars is None or follow is None else _union(chars, follow)
@@ -1229,37 +1251,39 @@ _CATEGORIES = {_sre.CATEGORY_DIGIT: "digit", _sre.CATEGORY_SPACE: "space", _sre.
 _NOT_CATEGORIES = {_sre.CATEGORY_NOT_DIGIT: "digit", _sre.CATEGORY_NOT_SPACE: "space",
                    _sre.CATEGORY_NOT_WORD: "word"}
 _IN_CATEGORY = {"digit": str.isdecimal, "space": str.isspace,
-                "word": lambda c: c.isalnum() or c == "_"}
+                "word": lambda c: c.isalnum() or c == "_", "end": lambda c: False}
 _END = frozenset({_sre.AT_END, _sre.AT_END_STRING})
+# `$`: the end of the string, or a final newline; "end" is a category no character is in.
+_AT_END: _Chars = (False, frozenset((10,)), frozenset(("end",)))
 
 
-def _first(items, ignore_case: bool) -> "tuple[_Chars | None, bool]":
+def _first(items, mode: int) -> "tuple[_Chars | None, bool]":
     """The characters a sequence can start with (None = unknown) and whether it can match empty."""
     chars: _Chars = _NOTHING
     for op, av in items:
-        if op is _sre.AT and av in _END:
-            f, nullable = (False, frozenset((10,)), frozenset()), False   # the end, or a final newline
+        if op is _sre.AT and av in _END:   # with MULTILINE, `$` holds before any newline
+            f, nullable = (False, frozenset((10,)), frozenset()) if mode & _MULTILINE else _AT_END, False
         elif op in _ZERO_WIDTH:
             continue
         elif op is _sre.SUBPATTERN:
-            f, nullable = _first(av[-1], ignore_case or bool(av[1] & _IGNORECASE))
+            f, nullable = _first(av[-1], mode | (av[1] & _MODE_FLAGS))
         elif op is _ATOMIC:
-            f, nullable = _first(av, ignore_case)
+            f, nullable = _first(av, mode)
         elif op is _sre.BRANCH:
-            parts = [_first(b, ignore_case) for b in av[1]]
+            parts = [_first(b, mode) for b in av[1]]
             f = _NOTHING
             for part in parts:
                 f = None if f is None or part[0] is None else _union(f, part[0])
             nullable = any(p[1] for p in parts)
         elif op in _REPEATS:
-            f, nullable = _first(av[2], ignore_case)
+            f, nullable = _first(av[2], mode)
             nullable = nullable or av[0] == 0
         elif op is _sre.LITERAL:
-            f, nullable = _caseless((False, frozenset((av,)), frozenset()), ignore_case), False
+            f, nullable = _caseless((False, frozenset((av,)), frozenset()), mode), False
         elif op is _sre.NOT_LITERAL:
-            f, nullable = _caseless((True, frozenset((av,)), frozenset()), ignore_case), False
+            f, nullable = _caseless((True, frozenset((av,)), frozenset()), mode), False
         elif op is _sre.IN:
-            f, nullable = _caseless(_class(av), ignore_case), False
+            f, nullable = _caseless(_class(av), mode), False
         elif op is _sre.ANY:
             f, nullable = (True, frozenset(), frozenset()), False
         else:  # group references, conditionals: anything, possibly empty
@@ -1270,24 +1294,38 @@ def _first(items, ignore_case: bool) -> "tuple[_Chars | None, bool]":
     return chars, True
 
 
-def _caseless(chars: "_Chars | None", ignore_case: bool) -> "_Chars | None":
-    """Under IGNORECASE, a set naming letters (or non-ASCII characters) is unknown."""
-    if chars is None or not ignore_case:
+# Non-ASCII characters an ASCII letter matches under IGNORECASE (Kelvin sign, long s, dotted
+# and dotless i), added to every letter's set: more characters only make the estimate safer.
+_CASE_EXTRA = frozenset((0x212A, 0x17F, 0x130, 0x131))
+
+
+def _caseless(chars: "_Chars | None", mode: int) -> "_Chars | None":
+    """A set under IGNORECASE: ASCII letters gain their other case; non-ASCII ones make it unknown."""
+    if chars is None or not mode & _IGNORECASE:
         return chars
-    if any(c > 127 or chr(c).isalpha() for c in chars[1]):
+    if any(c > 127 for c in chars[1]):
         return None
-    return chars
+    letters = [chr(c) for c in chars[1] if chr(c).isalpha()]
+    if not letters:
+        return chars
+    more = {ord(x) for ch in letters for x in (ch.lower(), ch.upper())} | _CASE_EXTRA
+    return chars[0], chars[1] | more, chars[2]
 
 
 def _class(items) -> "_Chars | None":
     """The set of a [...] class of literals, small ranges and categories; None when not that simple."""
+    return _class_of(tuple(items))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_of(items: tuple) -> "_Chars | None":
     lits: set = set()
     cats: set = set()
     negated = False
     for op, av in items:
         if op is _sre.LITERAL:
             lits.add(av)
-        elif op is _sre.RANGE and av[1] - av[0] <= 1024:
+        elif op is _sre.RANGE and av[1] - av[0] <= 0x6000:      # CJK (U+4E00-9FFF) included
             lits.update(range(av[0], av[1] + 1))
         elif op is _sre.NEGATE:
             negated = True
@@ -1321,21 +1359,28 @@ def _covers(chars: _Chars, category: str) -> bool:
     return category in chars[2] or (category == "digit" and "word" in chars[2])
 
 
+@functools.lru_cache(maxsize=1024)
 def _chars_disjoint(a: _Chars, b: _Chars) -> bool:
-    """Whether no character is in both sets."""
+    """Whether no character is in both sets (cached: large classes take milliseconds)."""
+    # "end" holds no character: only `$` itself compares with it (in _repeat_ways).
+    a, b = (a[0], a[1], a[2] - {"end"}), (b[0], b[1], b[2] - {"end"})
     if a[0] and b[0]:
         return False
     if a[0]:
         a, b = b, a
     if b[0]:   # a within the complement of b's listed characters
         listed = (False, b[1], b[2])
-        return all(_has(listed, c) for c in a[1]) and all(_covers(listed, k) for k in a[2])
-    if a[1] & b[1]:
-        return False
-    if any(_has((False, frozenset(), b[2]), c) for c in a[1]) or any(
-            _has((False, frozenset(), a[2]), c) for c in b[1]):
+        return (all(_covers(listed, k) for k in a[2])
+                and all(_has(listed, c) for c in a[1] - b[1]))
+    if a[1] & b[1] or _categories_of(a[1]) & b[2] or _categories_of(b[1]) & a[2]:
         return False
     return not any(x == y or {x, y} == {"digit", "word"} for x in a[2] for y in b[2])
+
+
+@functools.lru_cache(maxsize=256)
+def _categories_of(chars: frozenset) -> frozenset:
+    """The categories (space, digit, word) some of these characters are in."""
+    return frozenset(k for k, test in _IN_CATEGORY.items() if any(test(chr(c)) for c in chars))
 
 
 def _disjoint(firsts: "list[tuple[_Chars | None, bool]]") -> bool:
