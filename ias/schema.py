@@ -168,6 +168,7 @@ _NUMBER_MSG = f"number with more than {JSON_NUMBER_MAX} digits"
 
 
 _LEAF_TYPES = frozenset({str, bool, float, int, type(None)})
+_TEXT_TYPES = frozenset({str, bool, float, type(None)})
 _SCALAR_NAMES = frozenset({"string", "integer", "number", "boolean", "null"})
 
 
@@ -244,23 +245,24 @@ def _hostile(value: Any) -> str | None:
         depth += 1
         if depth > JSON_DEPTH_MAX:
             return _DEPTH_MSG
-        below = []
-        for container in level:
-            for v in (container.values() if isinstance(container, dict) else container):
-                tv = type(v)
-                if tv is str or tv is bool or tv is float or v is None:
-                    continue
-                if tv is dict or tv is list or isinstance(v, (dict, list)):
-                    below.append(v)
-                elif isinstance(v, int) and not isinstance(v, bool) and not -_INT_LIMIT < v < _INT_LIMIT:
-                    return _NUMBER_MSG
-        level = below
+        below = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if type(v) not in _TEXT_TYPES]
+        for v in below:
+            if isinstance(v, int) and not isinstance(v, bool) and not -_INT_LIMIT < v < _INT_LIMIT:
+                return _NUMBER_MSG
+        level = [v for v in below if isinstance(v, (dict, list))]
     return None
 
 
 # A string (kept whole, so brackets inside it are skipped), a bracket, a number, or a
 # constant json accepts but JSON does not have.
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]|[\]}]|-?[0-9][-+.0-9eE]*|NaN|-?Infinity')
+
+
+# What a number over the limits must contain (possibly inside a string: then the full scan in
+# loads() decides): past JSON_NUMBER_MAX characters, either the integer or the fraction part has
+# half of them in a row, or the exponent has 3 digits; and NaN and Infinity are no JSON.
+_SUSPECT_NUMBER = re.compile(rf"[0-9](?:[0-9]{{{JSON_NUMBER_MAX // 2 - 3}}}|[eE][-+]?[0-9]{{3}})")
 
 
 def _too_big_float(token: str) -> bool:
@@ -277,6 +279,9 @@ def loads(text: str) -> Any:
     json.loads itself recurses per nesting level and parses any number of digits, so a
     hostile document would raise RecursionError or ValueError instead.
     """
+    if (text.count("[") + text.count("{") <= JSON_DEPTH_MAX and "NaN" not in text and "Infinity" not in text
+            and _SUSPECT_NUMBER.search(text) is None):
+        return json.loads(text)          # cannot nest too deep, nor hold a number out of limits
     depth = 0
     for m in _JSON_TOKEN.finditer(text):
         c = text[m.start()]

@@ -80,12 +80,13 @@ def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], 
     current: _Section | None = None
     fence: tuple[str, int, str, int, list[str]] | None = None   # (marker, indent, lang, first line, lines)
     # Lines end at "\n" only: str.splitlines() would also split at \f, \v, \x85, U+2028...
-    for number, line in enumerate(text.split("\n"), 1):
-        if line.endswith("\r"):
-            line = line[:-1]
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    for number, line in enumerate(lines, 1):
         if fence is not None:
             marker, indent, lang, first, body = fence
-            close = CLOSE_RE.match(line)
+            close = CLOSE_RE.match(line) if line.lstrip(" ")[:1] == marker[0] else None
             if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
                 if current is not None:
                     current.blocks.append(_Block(lang, "\n".join(body), first))
@@ -94,13 +95,17 @@ def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], 
                 # Content lines lose up to the opening fence's indent (CommonMark).
                 body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
             continue
-        match = FENCE_RE.match(line)
-        if match:
-            fence = (match.group(2), len(match.group(1)), match.group(3).lower(), number + 1, [])
-            continue
-        heading_match = HEADING_RE.match(line)
-        level = len(heading_match.group(1)) if heading_match else 0
-        heading = _heading_text(line[heading_match.end():]) if heading_match else ""
+        lead = line[:1] if line[:1] != " " else line.lstrip(" ")[:1]   # prose skips the expressions
+        level, heading = 0, ""
+        if lead == "`" or lead == "~":
+            match = FENCE_RE.match(line)
+            if match:
+                fence = (match.group(2), len(match.group(1)), match.group(3).lower(), number + 1, [])
+                continue
+        elif lead == "#":
+            heading_match = HEADING_RE.match(line)
+            if heading_match:
+                level, heading = len(heading_match.group(1)), _heading_text(line[heading_match.end():])
         if level == 2:
             key = SECTION_ALIASES.get(heading.lower(), "other:" + heading.lower())
             if key in sections and not key.startswith("other:"):
