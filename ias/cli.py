@@ -138,9 +138,10 @@ def cmd_skills(config, args) -> int:
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
+    from . import schema
     from .app import core, open_store, owner_approvals
     try:
-        params = json.loads(params_text)
+        params = schema.loads(params_text)
     except json.JSONDecodeError as exc:
         print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
         return 2

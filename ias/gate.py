@@ -65,7 +65,7 @@ class Gate:
             return {"success": False, "error": f"未知技能：{name}"}
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
+                arguments = schema.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as exc:
                 return await self._invalid(user_id, skill, None, [f"$: arguments are not valid JSON ({exc.msg})"])
         if arguments is None:

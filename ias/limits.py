@@ -12,6 +12,15 @@ ERROR_TAIL = 2000                   # characters of stderr/stdout tail in an err
 KILL_POLL = 0.05                    # seconds between checks that a terminated group is gone
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
+SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
+
+# JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
+JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
+JSON_NUMBER_MAX = 100               # characters of one JSON number literal (digits of a Python int)
+PATTERN_MAX = 1000                  # characters of one schema `pattern`
+PATTERN_STEPS_MAX = 300_000         # estimated regex steps for one match (a step takes 3-50 ns: <= ~15 ms)
+PATTERN_INPUT_MAX = 10_000          # characters of a string matched against a pattern; longer is refused
+PATTERN_INPUT_MIN = 256             # a pattern that cannot match this many characters within the steps is refused
 
 # Agent and LLM
 AGENT_MAX_ROUNDS = 8                # model calls per turn (tool rounds included)
@@ -35,6 +44,7 @@ DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
 SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)
 SCHEDULER_RETRY = 5.0               # seconds before the loop retries after a database error
 TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_runs
+CRON_SEARCH_YEARS = 400             # years a cron search looks ahead (the Gregorian cycle) before "never fires"
 
 # WeChat (iLink)
 WECHAT_POLL_TIMEOUT = 35.0          # seconds the server may hold getupdates, until it announces another value

@@ -151,7 +151,10 @@ async def update_task(store: Store, task_id: int, *, name: str | None = None, sc
     now = now or utcnow()
     task = await _existing(store, task_id)
     name, kind, text = name or task.name, kind or task.kind, text or task.text
-    schedule = parse_schedule(schedule).text if schedule else task.schedule
+    try:
+        schedule = parse_schedule(schedule).text if schedule else task.schedule
+    except ValueError as exc:   # cron.CronError
+        raise TaskError(str(exc)) from None
     following = _check(name, schedule, kind, text, task.created_at, now)
     if following is None and task.enabled:
         raise TaskError(f"the one-shot time {schedule!r} is already past")
@@ -164,7 +167,10 @@ async def update_task(store: Store, task_id: int, *, name: str | None = None, sc
 async def set_enabled(store: Store, task_id: int, enabled: bool, now: datetime | None = None) -> Task:
     """Pause (no runs at all) or resume (from the next slot after now; missed ones are skipped)."""
     task = await _existing(store, task_id)
-    following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+    try:
+        following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+    except ValueError as exc:   # cron.CronError
+        raise TaskError(str(exc)) from None
     if enabled and following is None:
         raise TaskError(f"task {task_id} is a one-shot whose time has passed; update its schedule first")
     updated = await store.update_task(task_id, name=task.name, schedule=task.schedule, kind=task.kind,

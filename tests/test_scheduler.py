@@ -117,6 +117,14 @@ class SchedulerTest(StoreTestCase):
             await add_task(self.store, "owner", "t", "@daily", "email", "x", now=T0)
         with self.assertRaisesRegex(TaskError, "no task with id 999"):
             await update_task(self.store, 999, text="z")
+        # Schedules past what datetime holds, or with a 5,000-digit field: a short TaskError.
+        for bad in ("9999-12-31 23:59+00:00", "1" * 5000 + " * * * *", "every " + "9" * 5000 + "m"):
+            with self.subTest(bad=bad[:30]):
+                with self.assertRaises(TaskError) as caught:
+                    await add_task(self.store, "owner", "t", bad, "reminder", "x", now=T0)
+                self.assertLess(len(str(caught.exception)), 250)
+                with self.assertRaises(TaskError):
+                    await update_task(self.store, task.id, schedule=bad, now=T0)
 
     async def test_failed_run_is_recorded_and_not_repeated(self):
         async def broken(task):
