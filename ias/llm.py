@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 
 import openai
@@ -44,6 +45,22 @@ class Reply:
         return message
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _sendable(value):
+    """`value` (our own shallow message structure) with lone surrogates as U+FFFD: a request is UTF-8."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value) is None:
+            return value
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, dict):
+        return {key: _sendable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_sendable(item) for item in value]
+    return value
+
+
 # Worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not.
 _TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
               openai.InternalServerError, openai.ConflictError)
@@ -63,7 +80,7 @@ class LLM:
         for attempt in range(len(self.retry_delays) + 1):
             try:
                 response = await self.client.chat.completions.create(
-                    model=self.model, messages=messages, **({"tools": tools} if tools else {}))
+                    model=self.model, messages=_sendable(messages), **({"tools": tools} if tools else {}))
                 break
             except _TRANSIENT as exc:
                 if attempt == len(self.retry_delays):
