@@ -20,6 +20,9 @@ LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 
+# Command line
+CLI_NUMBER_MAX = 2 ** 31 - 1        # largest --limit or task id accepted (beyond it: a usage error)
+
 # Store
 STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the validator allows 64); deeper parts become a marker
 
