@@ -203,6 +203,15 @@ class ApprovedOutputTest(GateTestCase):
         self.assertEqual(await verify(self.store), [])
 
 
+class SkillOutputTest(GateTestCase):
+    async def test_deeply_nested_json_output(self):
+        """Output that looks like JSON but is nested too deeply to parse reaches the model as text."""
+        deep = "[" * 5_000 + "]" * 5_000             # past Python's recursion limit, within the model's share
+        self.assertEqual(await self.gate.call("owner", "echo_low", {"text": deep}), {"success": True, "output": deep})
+        events = [row.event for row in await self.store.audit_rows()]
+        self.assertEqual(events, ["skill_started", "skill_finished"])
+
+
 class TurnTest(AgentTestCase):
     """Whole turns whose tool arguments, tool output and model reply hold unstorable values."""
 
@@ -213,7 +222,7 @@ class TurnTest(AgentTestCase):
                            text("完成\u0000\ud800"))
         turn = asyncio.create_task(self.agent.turn("owner", "运行 \udcff", owner.notify))
         self.assertEqual(await self.approvals.redeem("owner", await owner.code()), "已确认，正在执行：execute_shell")
-        self.assertEqual(await turn, "完成\x00\ud800")           # the owner gets the model's reply
+        self.assertEqual(await turn, "完成\x00\ufffd")           # the owner gets the model's reply, valid Unicode
         invalid, ran = [json.loads(m["content"]) for m in self.tool_messages()]
         self.assertTrue(invalid["error"].startswith("参数错误："), invalid)
         self.assertEqual(ran["stdout"], "a\x00b")                   # the model saw the real output
