@@ -153,6 +153,11 @@ class BadInputTest(CliTestCase):
                                ("{oops", "not valid JSON")]:
             with self.subTest(params=params[:20]):
                 self.assert_one_line(self.ias("run", "get_current_datetime", params), 2, needle)
+        # The same text in a /run message (as from WeChat or the model) is an invalid call, not a crash.
+        for params, why in [("[" * 100_000, "nested too deeply"), ('{"n": ' + "9" * 5000 + "}", "a number has too many digits")]:
+            once = self.ias("--once", f"/run get_current_datetime {params}")
+            self.assertEqual((once.returncode, once.stderr), (0, ""))
+            self.assertEqual(json.loads(once.stdout)["error"], f"参数错误：$: arguments are not usable JSON ({why})")
         deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # parses, but deeper than allowed
         self.assertEqual(deep.returncode, 1)
         self.assertNotIn("Traceback", deep.stderr)
