@@ -246,7 +246,7 @@ class Store:
         except psycopg.OperationalError as exc:
             raise StoreError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
         except (psycopg.Error, UnicodeError) as exc:     # a malformed DSN (ProgrammingError), or not UTF-8
-            raise StoreError(f"invalid database connection string (IAS_DATABASE_URL): {_first_line(exc)}") from None
+            raise StoreError(f"invalid database connection string: {_first_line(exc)}") from None
         _make_storable(conn)
         return conn
 

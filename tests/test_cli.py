@@ -164,10 +164,13 @@ class BadInputTest(CliTestCase):
         self.assertLessEqual(len(deep.stderr.splitlines()), 1)
 
     def test_junk_database_url(self):
-        for url in ("junk", "postgresql://[::1", "host=/tmp/\udcff"):
+        for url, needle in [("junk", 'invalid database connection string: missing "=" after "junk"'),
+                            ("postgresql://[::1", "invalid database connection string"),
+                            ("host=/tmp/\udcff", "IAS_DATABASE_URL is not valid UTF-8"),
+                            ("host=/nonexistent", "cannot connect to PostgreSQL")]:
             with self.subTest(url=url):
                 self.env["IAS_DATABASE_URL"] = url
-                self.assert_one_line(self.ias("audit"), 1, "IAS_DATABASE_URL")
+                self.assert_one_line(self.ias("audit"), 1, needle)
 
     def test_junk_config_and_environment(self):
         (self.tmp / "a-file").write_text("")
