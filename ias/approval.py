@@ -45,11 +45,16 @@ def load_key(path: Path) -> bytes:
     """Read the HMAC key, creating a random one (0600) on first start; refuse a readable-by-others file."""
     path = Path(path)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:          # e.g. IAS_DATA_DIR names a file
+            raise ConfigError(f"cannot create the directory of secret key {path}: {exc.strerror}") from None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pass
+        except OSError as exc:
+            raise ConfigError(f"cannot create secret key {path}: {exc.strerror}") from None
         else:
             with os.fdopen(fd, "w") as file:
                 file.write(secrets.token_hex(32) + "\n")

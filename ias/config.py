@@ -77,7 +77,15 @@ def _convert(name: str, value, kind):
         return number
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be a non-empty string")
-    return value.strip()
+    return _utf8(name, value.strip())
+
+
+def _utf8(name: str, value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:          # invalid UTF-8 in the environment (decoded with surrogateescape)
+        raise ConfigError(f"{name} is not valid UTF-8") from None
+    return value
 
 
 def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -93,6 +101,10 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"cannot read config {file}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
+        except RecursionError:
+            raise ConfigError(f"{file}: values nested too deeply") from None
 
     values: dict = {}
     skills_table = data.pop("skills", {})
@@ -113,7 +125,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
             values[key] = _convert(var, env[var], kind)
     for key, var in _SECRETS.items():
         if env.get(var, "").strip():
-            values[key] = env[var].strip()
+            values[key] = _utf8(var, env[var].strip())
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
             values[key] = absolute(values[key])

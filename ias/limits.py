@@ -34,6 +34,12 @@ APPROVALS_PER_TURN = 3              # approvals asked per owner message; later H
 MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
 SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
 
+# Command line
+CLI_NUMBER_MAX = 2 ** 31 - 1        # largest --limit or task id accepted (beyond it: a usage error)
+
+# Store
+STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the validator allows 64); deeper parts become a marker
+
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero

@@ -157,7 +157,7 @@ class RunResult:
         if not self.truncated:
             try:
                 parsed = json.loads(self.stdout)
-            except ValueError:
+            except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
                 parsed = None
             if isinstance(parsed, dict) and "success" in parsed:
                 return parsed

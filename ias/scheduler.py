@@ -151,11 +151,8 @@ async def update_task(store: Store, task_id: int, *, name: str | None = None, sc
     now = now or utcnow()
     task = await _existing(store, task_id)
     name, kind, text = name or task.name, kind or task.kind, text or task.text
-    try:
-        schedule = parse_schedule(schedule).text if schedule else task.schedule
-    except ValueError as exc:   # cron.CronError
-        raise TaskError(str(exc)) from None
-    following = _check(name, schedule, kind, text, task.created_at, now)
+    following = _check(name, schedule or task.schedule, kind, text, task.created_at, now)   # raises TaskError
+    schedule = parse_schedule(schedule).text if schedule else task.schedule
     if following is None and task.enabled:
         raise TaskError(f"the one-shot time {schedule!r} is already past")
     enabled = task.enabled and following is not None

@@ -4,11 +4,27 @@ Autocommit connections from a small pool; `transaction()` only where a state cha
 audit row must commit together. Every approval transition is one compare-and-set UPDATE
 (`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
 both win. Not handled: schema migrations beyond the idempotent `schema.sql`.
+
+Every value is storable (the boundary rule). Each connection's adapters pass every `str`
+parameter and every Jsonb value through `storable()` on the way in:
+- text: a NUL character or a lone surrogate (invalid UTF-8 decoded with surrogateescape,
+  `"\\ud800"` in model JSON) becomes U+FFFD, the replacement character; a valid surrogate pair
+  becomes the character it encodes. The same rule applies to JSON strings and object keys
+  (two keys that become equal keep the last value);
+- JSON numbers: NaN, Infinity and -Infinity become the strings "NaN", "Infinity", "-Infinity";
+- JSON nesting deeper than STORED_JSON_DEPTH: the deeper part becomes the string
+  TOO_DEEP, walked without recursion, so no input raises RecursionError here.
+Lookups use the same adapters, so a key written with such characters is found again. Only
+storage is sanitised: callers keep their original values (what the model sees). An approval's
+code HMAC is computed over the params as stored (read back), so a code still verifies.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
+import re
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -19,9 +35,11 @@ from typing import Any, AsyncIterator, Callable
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
+from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from .errors import StoreError
+from .limits import STORED_JSON_DEPTH
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +132,70 @@ _RUN_FIELDS = ", ".join(f.name for f in fields(TaskRun))
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
                  f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
+TOO_DEEP = "…(nested too deep to store)"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _text(value: str) -> str:
+    """`value` with NUL and lone surrogates replaced by U+FFFD (surrogate pairs joined)."""
+    if _UNSTORABLE.search(value) is None:
+        return value
+    joined = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return joined.replace("\x00", "\ufffd")
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE.get(value, "NaN")
+    return value
+
+
+def storable(value: Any) -> Any:
+    """A copy of a JSON-like value that PostgreSQL accepts (the rule in the module docstring)."""
+    if not isinstance(value, (dict, list, tuple)):
+        return _scalar(value)
+    root: list = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(root, 0, value, 1)]    # (container, slot, value, depth)
+    while stack:
+        parent, slot, item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)):
+            parent[slot] = _scalar(item)
+        elif depth > STORED_JSON_DEPTH:
+            parent[slot] = TOO_DEEP
+        elif isinstance(item, dict):
+            parent[slot] = copy = dict.fromkeys(_scalar(key) for key in item)
+            # Pushed in reverse, popped in order: of two keys made equal, the last one's value wins.
+            stack.extend((copy, _scalar(key), child, depth + 1) for key, child in reversed(item.items()))
+        else:
+            parent[slot] = copy = [None] * len(item)
+            stack.extend((copy, i, child, depth + 1) for i, child in enumerate(item))
+    return root[0]
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(storable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class _StorableStr(StrDumperUnknown):
+    def dump(self, obj: str):
+        return super().dump(_text(obj))
+
+
+class _StorableStrBinary(StrBinaryDumper):
+    def dump(self, obj: str):
+        return super().dump(_text(obj))
+
+
+def _make_storable(conn: psycopg.AsyncConnection) -> None:
+    """Route this connection's text and JSON parameters through the sanitiser (the store boundary)."""
+    conn.adapters.register_dumper(str, _StorableStrBinary)
+    conn.adapters.register_dumper(str, _StorableStr)          # last: the one `%s` uses
+    set_json_dumps(_json_text, conn)
+
+
 _APPROVAL_FIELDS = "id, created_at, expires_at, user_id, skill_name, params, code_hash, attempts_left, status, result, consumed_at"
 
 
@@ -121,6 +203,11 @@ def _audit_values(entry: AuditEntry) -> list:
     values = [getattr(entry, name) for name in _AUDIT_COLUMNS]
     values[_AUDIT_COLUMNS.index("params")] = None if entry.params is None else Jsonb(entry.params)
     return values
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _approval(row: dict | None) -> Approval | None:
@@ -152,10 +239,14 @@ class Store:
 
     async def _connect(self) -> psycopg.AsyncConnection:
         try:
-            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
                                                          connect_timeout=CONNECT_TIMEOUT)
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {str(exc).strip().splitlines()[0]}") from None
+            raise StoreError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
+        except (psycopg.Error, UnicodeError) as exc:     # a malformed DSN (ProgrammingError), or not UTF-8
+            raise StoreError(f"invalid database connection string: {_first_line(exc)}") from None
+        _make_storable(conn)
+        return conn
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
