@@ -197,12 +197,6 @@ async def cmd_run(config, name: str, params_text: str) -> int:
     except json.JSONDecodeError as exc:
         print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
         return 2
-    except ValueError:                  # an integer past Python's digit limit
-        print("ias: parameters are not usable JSON: a number has too many digits", file=sys.stderr)
-        return 2
-    except RecursionError:
-        print("ias: parameters are not usable JSON: nested too deeply", file=sys.stderr)
-        return 2
     async with open_store(config) as store:
         c = core(config, store)
         async with owner_approvals(config, c) as (user, notify):

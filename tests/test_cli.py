@@ -148,20 +148,19 @@ class BadInputTest(CliTestCase):
                 self.assert_one_line(self.ias(*args), 2, needle)
 
     def test_unusable_json_parameters(self):
-        for params, needle in [("[" * 100_000, "nested too deeply"),
-                               ('{"format": ' + "9" * 5000 + "}", "a number has too many digits"),
+        for params, needle in [("[" * 100_000, "nested deeper than 64 levels"),
+                               ('{"format": ' + "9" * 5000 + "}", "number with more than 100 digits"),
                                ("{oops", "not valid JSON")]:
             with self.subTest(params=params[:20]):
                 self.assert_one_line(self.ias("run", "get_current_datetime", params), 2, needle)
         # The same text in a /run message (as from WeChat or the model) is an invalid call, not a crash.
-        for params, why in [("[" * 100_000, "nested too deeply"), ('{"n": ' + "9" * 5000 + "}", "a number has too many digits")]:
+        for params, why in [("[" * 100_000, "nested deeper than 64 levels"),
+                            ('{"n": ' + "9" * 5000 + "}", "number with more than 100 digits")]:
             once = self.ias("--once", f"/run get_current_datetime {params}")
             self.assertEqual((once.returncode, once.stderr), (0, ""))
-            self.assertEqual(json.loads(once.stdout)["error"], f"参数错误：$: arguments are not usable JSON ({why})")
-        deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # parses, but deeper than allowed
-        self.assertEqual(deep.returncode, 1)
-        self.assertNotIn("Traceback", deep.stderr)
-        self.assertLessEqual(len(deep.stderr.splitlines()), 1)
+            self.assertEqual(json.loads(once.stdout)["error"], f"参数错误：$: arguments are not valid JSON ({why})")
+        deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # well-formed, but deeper than allowed
+        self.assert_one_line(deep, 2, "nested deeper than 64 levels")
 
     def test_junk_database_url(self):
         for url, needle in [("junk", 'invalid database connection string: missing "=" after "junk"'),

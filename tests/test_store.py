@@ -173,7 +173,7 @@ class ApprovalCodeTest(GateTestCase):
         params = {"marker": NUL, "note": SURROGATE, "api_token": ESCAPED, "n": math.nan, "i": -math.inf}
         waiting = asyncio.create_task(self.approvals.request("owner", skill, params, self.owner.notify))
         code = await self.owner.code()
-        self.assertIn("marker: a\ufffdb", self.owner.messages[-1])     # the owner sees what will be stored and run
+        self.assertIn("· marker：a\ufffdb", self.owner.messages[-1])     # the owner sees what will be stored and run
         self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
         outcome = await waiting
         self.assertEqual(outcome.status, "approved")
@@ -217,7 +217,7 @@ class TurnTest(AgentTestCase):
 
     async def test_the_turn_is_kept_and_the_owner_answered(self):
         owner = FakeOwner()
-        arguments = '{"command": "printf \'a\\\\0b\'", "n": NaN, "s": "\\ud800\\u0000"}'
+        arguments = '{"command": "printf \'a\\\\0b\'", "n": 1, "s": "\\ud800\\u0000"}'
         self.server.script(calls(("execute_shell", arguments), ("execute_shell", {"command": "printf 'a\\0b'"})),
                            text("完成\u0000\ud800"))
         turn = asyncio.create_task(self.agent.turn("owner", "运行 \udcff", owner.notify))
@@ -233,7 +233,7 @@ class TurnTest(AgentTestCase):
         [(result,)] = self.sql("SELECT result FROM pending_approvals WHERE status = 'approved'")
         self.assertEqual(result["stdout"], "a\ufffdb")
         [(params,)] = self.sql("SELECT params FROM audit_log WHERE event = 'skill_invalid'")
-        self.assertEqual((params["n"], params["s"]), ("NaN", "\ufffd\ufffd"))
+        self.assertEqual((params["n"], params["s"]), (1, "\ufffd\ufffd"))
         self.assertEqual(await verify(self.store), [])
 
 
