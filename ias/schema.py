@@ -1235,8 +1235,10 @@ def _repeat_ways(av, mode: int, after: "_Chars | None") -> tuple:
             return wb[0] ** low, wb[1] * low
         except OverflowError:
             return _INF, 0
+    # One way per start position means every iteration's end is forced, so only the number of
+    # iterations is a choice — unless the body can also match nothing, where iterations blur.
     width_lo, width_hi = body.getwidth()
-    if wb != _ONE or width_lo != width_hi:
+    if wb != _ONE or (width_lo == 0 and width_hi != 0):
         raise _Ambiguous()
     return _count(high - low + 1)
 

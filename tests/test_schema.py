@@ -709,6 +709,7 @@ class TestHostile(unittest.TestCase):
             r"\w+@": "a", r"^a*a*$": "a", r"(a|b)*c": "ab", r"^[^@]*@.*$": "@",
             r"(\d{1,3}\.){3}\d{1,3}": "1.", r"^\s*[a-z]+\s*=\s*\S+\s*$": " ", r"a{1,1000}b": "a",
             r"(a|b)*c": "ab", r"^(\S+)\s(\S+)$": "x", r"^[^@]+@[^@]+$": "@",
+            r"^[a-z]+(-[a-z]+)*$": "a-", r"^(\d+\.)*\d+$": "1.",      # delimited iterations
         }
         for pattern, unit in cases.items():
             limit = pattern_input_max(pattern)
