@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from ias.skills import load_registry  # noqa: E402
+from ias.store import POOL_IDLE_CLOSE  # noqa: E402
 
 RESULTS: list[tuple[str, bool]] = []
 
@@ -189,7 +190,7 @@ def _idle_daemon(env: dict, tmp: Path, count=lambda: 0, tree=lambda pid: [pid]) 
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
         try:
             listener.recv(64)                          # READY=1
-            time.sleep(1)
+            time.sleep(POOL_IDLE_CLOSE + 1)            # idle: the pool has closed its unused connections
             pids = tree(proc.pid)
             cpu0, n0 = sum(map(_cpu_seconds, pids)), count()
             time.sleep(10)

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import re
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
+POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
 
@@ -220,7 +222,8 @@ class Store:
     def __init__(self, dsn: str, pool_size: int = POOL_SIZE):
         self.dsn = dsn
         self._size = pool_size
-        self._idle: list[psycopg.AsyncConnection] = []
+        self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
+        self._closing: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(pool_size)
         self._listen_conn: psycopg.AsyncConnection | None = None
 
@@ -251,7 +254,7 @@ class Store:
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = self._idle.pop()[0] if self._idle else await self._connect()
             try:
                 yield conn
             except psycopg.OperationalError as exc:
@@ -262,7 +265,24 @@ class Store:
                 if conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
                     await conn.close()
                 else:
-                    self._idle.append(conn)
+                    self._idle.append((conn, time.monotonic()))
+                    asyncio.get_running_loop().call_later(POOL_IDLE_CLOSE, self._close_idle)
+
+    @property
+    def idle_connections(self) -> int:
+        """Pooled connections open and unused right now (the LISTEN connection not counted)."""
+        return len(self._idle)
+
+    def _close_idle(self) -> None:
+        """Close connections unused for POOL_IDLE_CLOSE seconds: each idle backend costs the server
+        a few MB, and an idle daemon needs none but its LISTEN connection."""
+        cutoff = time.monotonic() - POOL_IDLE_CLOSE + 0.01
+        stale = [conn for conn, returned in self._idle if returned <= cutoff]
+        self._idle = [(conn, returned) for conn, returned in self._idle if returned > cutoff]
+        for conn in stale:
+            task = asyncio.ensure_future(conn.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -270,9 +290,11 @@ class Store:
             yield conn
 
     async def close(self) -> None:
-        for conn in self._idle:
+        for conn, _ in self._idle:
             await conn.close()
         self._idle.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         if self._listen_conn is not None:
             await self._listen_conn.close()
         self._listen_conn = None
@@ -283,7 +305,7 @@ class Store:
         Raises StoreError while the database is unreachable.
         """
         idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             await conn.close()
         async with self._conn() as conn:
             await conn.execute("SELECT 1")

@@ -7,6 +7,7 @@ import json
 import math
 import unittest
 import uuid
+from unittest import mock
 from datetime import datetime, timedelta, timezone
 
 from ias.audit import verify
@@ -156,6 +157,20 @@ class WritePathsTest(StoreTestCase):
             self.assertEqual(result["output"], good)
             assert_sanitised(self, result["extra"], depth_offset=2)
         self.assertEqual(await verify(self.store), [])
+
+
+class PoolTest(StoreTestCase):
+    async def test_unused_connections_are_closed_and_reopened_on_demand(self):
+        with mock.patch("ias.store.POOL_IDLE_CLOSE", 0.05):
+            await self.store.audit(AuditEntry("pool_test"))
+            self.assertEqual(self.store.idle_connections, 1)
+            for _ in range(200):                      # the timer fires 0.05 s after the connection came back
+                if self.store.idle_connections == 0:
+                    break
+                await asyncio.sleep(0.01)
+            self.assertEqual(self.store.idle_connections, 0)
+            [row] = await self.store.audit_rows(1)     # a new connection when one is needed again
+            self.assertEqual(row.event, "pool_test")
 
 
 class ConnectTest(unittest.IsolatedAsyncioTestCase):
