@@ -129,4 +129,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
             values[key] = absolute(values[key])
-    return Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)
+    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)
+    if config.data_dir.exists() and not config.data_dir.is_dir():
+        raise ConfigError(f"IAS_DATA_DIR {config.data_dir} is not a directory")
+    return config

@@ -114,7 +114,8 @@ class Cluster:
 
     @property
     def dsn(self) -> str:
-        return f"host={self.datadir} port={PORT} dbname=postgres user=postgres"
+        host = str(self.datadir).replace("\\", "\\\\").replace("'", "\\'")     # libpq's quoting rules
+        return f"host='{host}' port={PORT} dbname=postgres user=postgres"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         bindir = self.bindir = self.bindir or find_bindir()

@@ -5,6 +5,7 @@ import unittest
 from pathlib import Path
 
 from ias.config import REPO_ROOT, Config, load
+from ias.errors import ConfigError
 
 
 class PathsTest(unittest.TestCase):
@@ -42,6 +43,11 @@ class PathsTest(unittest.TestCase):
         self.assertTrue(config.data_dir.is_absolute())
         self.assertEqual(config.data_dir.name, "ias-state")
         self.assertNotIn("~", str(config.data_dir))
+
+    def test_a_data_dir_that_is_a_file_is_refused(self):
+        (self.tmp / "afile").write_text("")
+        with self.assertRaisesRegex(ConfigError, "^IAS_DATA_DIR .*afile is not a directory$"):
+            load(environ={"IAS_DATA_DIR": "afile"})
 
     def test_a_config_built_directly_is_absolute_too(self):
         self.assertEqual(Config(data_dir=Path("d")).data_dir, self.tmp / "d")

@@ -250,6 +250,10 @@ class BindirTestCase(unittest.TestCase):
     def find(self, path: str = "", wheel: Path | None = None) -> Path:
         return find_bindir(path=path, system=str(self.tmp / "lib/postgresql/*/bin"), wheel=lambda: wheel)
 
+    def test_the_dsn_quotes_a_data_dir_with_spaces_quotes_and_backslashes(self):
+        datadir = "/tmp/a b/it's\\x/pg"
+        self.assertEqual(psycopg.conninfo.conninfo_to_dict(Cluster(Path(datadir)).dsn)["host"], datadir)
+
     def test_path_first_through_a_symlink_to_the_real_directory(self):
         real = self.server("lib/postgresql/9/bin")
         self.server("lib/postgresql/16/bin")
