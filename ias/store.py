@@ -16,7 +16,7 @@ parameter and every Jsonb value through `storable()` on the way in:
   TOO_DEEP, walked without recursion, so no input raises RecursionError here.
 Lookups use the same adapters, so a key written with such characters is found again. Only
 storage is sanitised: callers keep their original values (what the model sees). An approval's
-code HMAC is computed over the params as stored (read back), so a code still verifies.
+code HMAC is computed over its params as stored (`normalised()`), so a code still verifies.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ import re
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -339,23 +339,28 @@ class Store:
             return [AuditRow(**row) for row in await cur.fetchall()]
 
     # -- approvals --------------------------------------------------------------------------
+    async def normalised(self, value: Any) -> Any:
+        """`value` as a jsonb column holds it: the boundary rule, then jsonb's own numbers and keys.
+
+        A second round trip changes nothing, so a hash over the result is over what is stored.
+        """
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT %s::jsonb AS value", (Jsonb(value),))
+            return (await cur.fetchone())["value"]
+
     async def create_approval(self, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict,
-                              timeout: float, code_hash: Callable[[dict], str], entry: AuditEntry) -> Approval:
+                              timeout: float, code_hash: str, entry: AuditEntry) -> Approval:
         """Insert a pending approval and its audit row together.
 
-        The hash is computed over the params as PostgreSQL stored them (jsonb normalises numbers),
-        so that verification, which reads them back, sees exactly the same canonical text.
+        `params` come from `normalised()`: verification reads them back and hashes them again.
         """
         try:
             async with self._tx() as conn:
                 cur = await conn.execute(
-                    "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
-                    "VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, '') RETURNING params",
-                    (approval_id, timeout, user_id, skill_name, Jsonb(params)))
-                stored = (await cur.fetchone())["params"]
-                cur = await conn.execute(
-                    f"UPDATE pending_approvals SET code_hash = %s WHERE id = %s RETURNING {_APPROVAL_FIELDS}",
-                    (code_hash(stored), approval_id))
+                    f"INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
+                    f"VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, %s) "
+                    f"RETURNING {_APPROVAL_FIELDS}",
+                    (approval_id, timeout, user_id, skill_name, Jsonb(params), code_hash))
                 row = await cur.fetchone()
                 await conn.execute(_AUDIT_INSERT, _audit_values(entry))
         except psycopg.errors.UniqueViolation:
@@ -367,24 +372,30 @@ class Store:
             cur = await conn.execute(f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals WHERE id = %s", (approval_id,))
             return _approval(await cur.fetchone())
 
-    async def approvals(self, include_closed: bool = False, limit: int = 50) -> list[Approval]:
+    async def approvals(self, include_closed: bool = False, limit: int | None = 50) -> list[Approval]:
+        """Pending (or all) approvals, newest first; `limit` None for every one."""
         where = "" if include_closed else "WHERE status = 'pending'"
         async with self._conn() as conn:
             cur = await conn.execute(
                 f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals {where} ORDER BY created_at DESC LIMIT %s", (limit,))
             return [_approval(row) for row in await cur.fetchall()]
 
-    async def _transition(self, sql: str, args: tuple, entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """Run one compare-and-set UPDATE … RETURNING and, if it matched, its audit row, together."""
+    async def _transition(self, sql: str, args: tuple, entry: AuditEntry) -> Approval | None:
+        """Run one compare-and-set UPDATE … RETURNING and, if it matched, its audit row, together.
+
+        The one thing the SQL decides is written as it decided: an attempt that used up the
+        last one leaves the row rejected, and its audit row says approval_rejected.
+        """
         async with self._tx() as conn:
             cur = await conn.execute(sql, args)
             row = _approval(await cur.fetchone())
             if row is not None:
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
+                if row.status == "rejected" and entry.decision == "wrong_code":
+                    entry = replace(entry, event="approval_rejected", decision="rejected")
+                await conn.execute(_AUDIT_INSERT, _audit_values(entry))
             return row
 
-    async def approve(self, approval_id: uuid.UUID, user_id: str,
-                      entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+    async def approve(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
         """pending → approved, if still pending and unexpired; None when someone else won or it ended."""
         return await self._transition(
             f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
@@ -392,9 +403,11 @@ class Store:
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
             (approval_id, user_id), entry)
 
-    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str,
-                            entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """One wrong code: attempts_left - 1, and rejected when none are left."""
+    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left.
+
+        `entry` is the wrong_code audit row; for the last attempt it is written as approval_rejected.
+        """
         return await self._transition(
             f"UPDATE pending_approvals SET attempts_left = attempts_left - 1, "
             f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
@@ -403,25 +416,13 @@ class Store:
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
             (approval_id, user_id), entry)
 
-    async def close_approval(self, approval_id: uuid.UUID, status: str,
-                             entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """pending → rejected (cancel) or expired (timeout, delivery failure), if still pending."""
+    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry) -> Approval | None:
+        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending."""
         assert status in ("rejected", "expired")
         return await self._transition(
             f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
             f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
             (status, approval_id), entry)
-
-    async def expire_leftovers(self, entry: Callable[[Approval], AuditEntry]) -> list[Approval]:
-        """Mark every pending approval expired (at start: nobody waits for them any more)."""
-        async with self._tx() as conn:
-            cur = await conn.execute(
-                f"UPDATE pending_approvals SET status = 'expired', consumed_at = clock_timestamp() "
-                f"WHERE status = 'pending' RETURNING {_APPROVAL_FIELDS}")
-            rows = [_approval(row) for row in await cur.fetchall()]
-            for row in rows:
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
-            return rows
 
     async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
         async with self._conn() as conn:
