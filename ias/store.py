@@ -3,7 +3,8 @@
 Autocommit connections from a small pool; `transaction()` only where a state change and its
 audit row must commit together. Every approval transition is one compare-and-set UPDATE
 (`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
-both win. Not handled: schema migrations beyond the idempotent `schema.sql`.
+both win. The schema is built and upgraded by the numbered steps in `migrations.py`, run by
+`open()`; not handled: downgrades (a database newer than the code is refused).
 
 Every value is storable (the boundary rule). Each connection's adapters pass every `str`
 parameter and every Jsonb value through `storable()` on the way in:
@@ -30,7 +31,6 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 import psycopg
@@ -39,16 +39,16 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
+from . import migrations
 from .errors import StoreError
 from .limits import STORED_JSON_DEPTH
 
 log = logging.getLogger(__name__)
 
-SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
 POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
 CONNECT_TIMEOUT = 10             # seconds
-SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
+SCHEMA_LOCK = 730819910          # advisory lock class serialising migrations (second key: the schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +216,57 @@ def _approval(row: dict | None) -> Approval | None:
     return None if row is None else Approval(**row)
 
 
+async def _schema_version(conn: psycopg.AsyncConnection) -> int:
+    """The highest version recorded in schema_version, 0 without one; StoreError when too new."""
+    try:
+        cur = await conn.execute("SELECT coalesce(max(version), 0) AS version FROM schema_version")
+    except psycopg.errors.UndefinedTable:
+        return 0
+    version = (await cur.fetchone())["version"]
+    if version > migrations.LATEST:
+        raise StoreError(f"the database schema is version {version}, newer than this iAs knows "
+                         f"(up to {migrations.LATEST}): upgrade iAs")
+    return version
+
+
+async def _migrate(conn: psycopg.AsyncConnection) -> None:
+    """Apply the migrations this schema lacks, once, whichever process comes first.
+
+    A current schema costs one SELECT, no lock and no DDL. Otherwise one transaction under an
+    advisory lock keyed by the schema (concurrent starts wait, then find the work done): create
+    schema_version, adopt a schema built by the unversioned code as version 1, run the rest.
+    """
+    try:
+        if await _schema_version(conn) == migrations.LATEST:
+            return
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(coalesce(current_schema(), '')))",
+                               (SCHEMA_LOCK,))
+            cur = await conn.execute("SELECT to_regclass('schema_version') IS NOT NULL AS versioned, "
+                                     "array(SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL) "
+                                     "AS present", (list(migrations.INITIAL_TABLES),))
+            found = await cur.fetchone()
+            if not found["versioned"]:
+                await conn.execute(migrations.VERSION_TABLE)
+                if len(found["present"]) == len(migrations.INITIAL_TABLES):
+                    await conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+                    log.info("adopted the existing unversioned schema as version 1")
+                elif found["present"]:
+                    raise StoreError("the database schema holds some of iAs's tables "
+                                     f"({', '.join(found['present'])}) but no schema_version; not touching it")
+            version = await _schema_version(conn)
+            while version < migrations.LATEST:
+                version += 1
+                await conn.execute(migrations.MIGRATIONS[version - 1])
+                await conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+                log.info("applied schema migration %d", version)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot bring the database schema to version {migrations.LATEST}: "
+                         f"{_first_line(exc)}") from None
+
+
 class Store:
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
@@ -229,15 +280,14 @@ class Store:
 
     @classmethod
     async def open(cls, dsn: str, pool_size: int = POOL_SIZE) -> "Store":
-        """Connect and apply schema.sql (idempotent); raise StoreError when unreachable."""
+        """Connect and bring the schema up to date; raise StoreError when unreachable or too new."""
         store = cls(dsn, pool_size)
-        async with store._conn() as conn:
-            sql = SCHEMA_FILE.read_text(encoding="utf-8")
-            await conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
-            try:
-                await conn.execute(sql)
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
+        try:
+            async with store._conn() as conn:
+                await _migrate(conn)
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     async def _connect(self) -> psycopg.AsyncConnection:
