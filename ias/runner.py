@@ -374,6 +374,7 @@ class Runner:
             IAS_SKILL_DIR=directory,
             IAS_PYTHON=self._python,
             IAS_HOME=self._repo_root,
+            PYTHONPATH=os.path.join(self._repo_root, "resources", "lib"),     # the ias_skill helper
         )
         env.update(_param_environment(params, text))
         return env

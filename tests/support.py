@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import unittest
 import uuid
@@ -25,6 +26,7 @@ from ias.pgcluster import Cluster
 from ias.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
+SKILL_LIB = str(REPO / "resources" / "lib")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 _server: dict[str, str] = {}
@@ -163,6 +165,8 @@ class SkillsTestCase(GateTestCase):
 
 def load_script(path: Path, name: str):
     """Import a skill script as a module, for the helpers a subprocess test cannot reach."""
+    if SKILL_LIB not in sys.path:     # what the runner's PYTHONPATH gives a skill
+        sys.path.append(SKILL_LIB)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

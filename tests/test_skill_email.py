@@ -179,14 +179,14 @@ class HelpersTest(unittest.TestCase):
         mail = mail_script()
         for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.53"):
             mail.refuse_plain_login("IAS_SMTP", "none", host, USER)
-        with self.assertRaisesRegex(mail.Fail, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
+        with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
             mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
         mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
         mail.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
         os.environ["IAS_IMAP_ALLOW_PLAIN_LOGIN"] = "1"
         self.addCleanup(os.environ.pop, "IAS_IMAP_ALLOW_PLAIN_LOGIN")
         mail.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
-        with self.assertRaisesRegex(mail.Fail, "IAS_SMTP_ALLOW_PLAIN_LOGIN"):
+        with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN"):
             mail.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
 
 

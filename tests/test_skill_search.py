@@ -188,12 +188,14 @@ class ScriptInternalsTest(unittest.TestCase):
     """What a subprocess test cannot reach: the default base URL and the request timeout."""
 
     def test_base_url(self):
+        tavily = load_script(SEARCH_SCRIPT, "skill_search").tavily       # shared by both scripts
+        self.assertEqual(tavily.base_url(None), "https://api.tavily.com")
+        self.assertEqual(tavily.base_url(""), "https://api.tavily.com")
+        self.assertEqual(tavily.base_url("http://127.0.0.1:9000/"), "http://127.0.0.1:9000")
+        self.assertEqual(tavily.base_url("tavily.proxy.example"), "https://tavily.proxy.example")
         for path, name in ((SEARCH_SCRIPT, "skill_search"), (NEWS_SCRIPT, "skill_news")):
             module = load_script(path, name)
-            self.assertEqual(module.base_url(None), "https://api.tavily.com")
-            self.assertEqual(module.base_url(""), "https://api.tavily.com")
-            self.assertEqual(module.base_url("http://127.0.0.1:9000/"), "http://127.0.0.1:9000")
-            self.assertEqual(module.base_url("tavily.proxy.example"), "https://tavily.proxy.example")
+            self.assertIs(module.tavily, tavily)
             self.assertLess(module.TIMEOUT, 30)         # below the skill's ## Timeout
 
     def test_timeout_is_a_clear_error(self):
@@ -205,7 +207,7 @@ class ScriptInternalsTest(unittest.TestCase):
         self.assertIn("超时", str(caught.exception))
 
     def test_snippet(self):
-        module = load_script(SEARCH_SCRIPT, "skill_search_snippet")
+        module = load_script(SEARCH_SCRIPT, "skill_search_snippet").tavily
         self.assertEqual(module.snippet("  a\n\n b\tc "), "a b c")
         self.assertEqual(module.snippet(None), "")
         self.assertEqual(len(module.snippet("字" * 2000)), module.SNIPPET_MAX + 1)

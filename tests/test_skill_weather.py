@@ -231,16 +231,18 @@ class ScriptInternalsTest(unittest.TestCase):
     """What a subprocess test cannot reach: the HTTPS default and the request timeout."""
 
     def test_host_forms(self):
+        qweather = load_script(WEATHER_SCRIPT, "skill_weather_now").qweather     # shared by both scripts
+        self.assertEqual(qweather.base_url("abc123.def.qweatherapi.com"), "https://abc123.def.qweatherapi.com")
+        self.assertEqual(qweather.base_url(" abc.qweatherapi.com/ "), "https://abc.qweatherapi.com")
+        self.assertEqual(qweather.base_url("http://127.0.0.1:8080/"), "http://127.0.0.1:8080")
+        self.assertEqual(qweather.base_url("https://api.example.com/qw"), "https://api.example.com/qw")
+        for bad in ("", None, "   ", "ftp://host", "http://", "two words.com"):
+            with self.assertRaises(qweather.SkillError) as caught:
+                qweather.base_url(bad)
+            self.assertIn("QWEATHER_API_HOST", str(caught.exception))
         for path, name in ((WEATHER_SCRIPT, "skill_weather_now"), (FORECAST_SCRIPT, "skill_forecast")):
             module = load_script(path, name)
-            self.assertEqual(module.base_url("abc123.def.qweatherapi.com"), "https://abc123.def.qweatherapi.com")
-            self.assertEqual(module.base_url(" abc.qweatherapi.com/ "), "https://abc.qweatherapi.com")
-            self.assertEqual(module.base_url("http://127.0.0.1:8080/"), "http://127.0.0.1:8080")
-            self.assertEqual(module.base_url("https://api.example.com/qw"), "https://api.example.com/qw")
-            for bad in ("", None, "   ", "ftp://host", "http://", "two words.com"):
-                with self.assertRaises(module.SkillError) as caught:
-                    module.base_url(bad)
-                self.assertIn("QWEATHER_API_HOST", str(caught.exception))
+            self.assertIs(module.qweather, qweather)
             self.assertLess(module.TIMEOUT, 30 / 2)     # two requests fit in the skill's ## Timeout
 
     def test_timeout_is_a_clear_error(self):

@@ -175,7 +175,7 @@ class ParseTest(unittest.TestCase):
     def test_env_names(self):
         self.assertEqual(problems(GOOD.replace("ECHO_KEY,", "ECHO-KEY,")),
                          ["/skills/echo/SKILL.md:26: 'ECHO-KEY' is not an environment variable name"])
-        for reserved in ("PATH", "HOME", "IAS_PARAMS", "IAS_PARAM_TEXT"):
+        for reserved in ("PATH", "HOME", "IAS_PARAMS", "IAS_PARAM_TEXT", "PYTHONPATH"):
             self.assertEqual(problems(GOOD.replace("ECHO_KEY,", f"{reserved},")),
                              [f"/skills/echo/SKILL.md:26: '{reserved}' is set by the runner and cannot be passed through"])
 

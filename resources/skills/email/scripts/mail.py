@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The email skill: send over SMTP, list unread and read messages over IMAP. Stdlib only.
+"""The email skill: send over SMTP, list unread and read messages over IMAP. Stdlib plus ias_skill.
 
 Parameters arrive as one JSON object on stdin; exactly one JSON object with `success` goes to
 stdout. Expected failures (missing configuration, refused login, unreachable server, unknown
@@ -45,22 +45,22 @@ import email.utils
 import html.parser
 import imaplib
 import ipaddress
-import json
 import os
 import re
 import signal
 import smtplib
 import socket
 import ssl
-import sys
 from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.message import EmailMessage, Message
 
+import ias_skill
+from ias_skill import OUTPUT_MAX, SkillError, encoded, env, fit_text
+
 VERSION = "1.0"
 NET_TIMEOUT = 20            # seconds per network operation
 DEADLINE_MAX = 50           # seconds for the whole call (IAS_EMAIL_TIMEOUT may lower it); ## Timeout is 60
-OUTPUT_MAX = 64 * 1024 - 512    # bytes of stdout: the runner shows the model 64 KiB; a margin for safety
 HEADER_MAX = 2000           # characters of one header value in a result
 ATTACHMENTS_MAX = 100       # attachment names listed by `read`
 NAME_MAX = 255              # characters of one attachment name
@@ -79,14 +79,6 @@ CHARSET_ALIASES = {
     "unknown-8bit": None, "x-unknown": None, "unknown": None, "default": None,
 }
 SSL_MODES = {"ssl": "ssl", "tls": "ssl", "starttls": "starttls", "none": "none", "plain": "none"}
-
-
-class Fail(Exception):
-    """An expected failure: its message goes to the model as is, with any extra result fields."""
-
-    def __init__(self, message, **fields):
-        super().__init__(message)
-        self.fields = fields
 
 
 class Deadline(Exception):
@@ -117,41 +109,6 @@ def deadline_text():
 
 # ---------------------------------------------------------------------------------------
 # Output
-
-
-def encoded(result):
-    # ensure_ascii=False as the model reads it; "replace": a lone surrogate cannot break it
-    return json.dumps(result, ensure_ascii=False).encode("utf-8", "replace") + b"\n"
-
-
-def fit_text(result, key, flag=None):
-    """Cut result[key] (a string) so the whole result fits OUTPUT_MAX bytes; set result[flag] if cut."""
-    if len(encoded(result)) <= OUTPUT_MAX:
-        return result
-    text = result[key]
-    if flag:
-        result[flag] = True
-    low, high = 0, len(text)        # the longest prefix that fits
-    while low < high:
-        middle = (low + high + 1) // 2
-        result[key] = text[:middle]
-        if len(encoded(result)) <= OUTPUT_MAX:
-            low = middle
-        else:
-            high = middle - 1
-    result[key] = text[:low]
-    return result
-
-
-def emit(result):
-    data = encoded(result)
-    if len(data) > OUTPUT_MAX:       # never the model's cut, unparsable JSON: a short error instead
-        if isinstance(result.get("error"), str):
-            data = encoded(fit_text(result, "error"))
-        if len(data) > OUTPUT_MAX:
-            data = encoded({"success": False, "error": "the result was too large to return"})
-    sys.stdout.buffer.write(data)
-    sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,14 +272,10 @@ def message_body(msg):
 # Configuration
 
 
-def env(name):
-    return os.environ.get(name, "").strip()
-
-
 def ssl_mode(name):
     value = env(name).lower() or "ssl"
     if value not in SSL_MODES:
-        raise Fail(f"{name} must be ssl, starttls or none, got '{value}'")
+        raise SkillError(f"{name} must be ssl, starttls or none, got '{value}'")
     return SSL_MODES[value]
 
 
@@ -331,7 +284,7 @@ def port_of(name, default):
     if not value:
         return default
     if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise Fail(f"{name} must be a port number from 1 to 65535, got '{value}'")
+        raise SkillError(f"{name} must be a port number from 1 to 65535, got '{value}'")
     return int(value)
 
 
@@ -339,7 +292,7 @@ def credentials(prefix):
     user = env(f"{prefix}_USER")
     password = os.environ.get(f"{prefix}_PASSWORD", "")
     if user and not password:
-        raise Fail(f"{prefix}_PASSWORD is not set (needed to log in as {prefix}_USER); "
+        raise SkillError(f"{prefix}_PASSWORD is not set (needed to log in as {prefix}_USER); "
                    "QQ and 163 Mail need an authorization code, not the account password")
     return user, password
 
@@ -356,7 +309,7 @@ def loopback(host):
 def refuse_plain_login(prefix, mode, host, user):
     """A password sent without TLS is readable on the network: only to loopback unless allowed."""
     if user and mode == "none" and not loopback(host) and env(f"{prefix}_ALLOW_PLAIN_LOGIN") != "1":
-        raise Fail(f"refusing to send {prefix}_PASSWORD in clear text to {host} ({prefix}_SSL=none): set "
+        raise SkillError(f"refusing to send {prefix}_PASSWORD in clear text to {host} ({prefix}_SSL=none): set "
                    f"{prefix}_SSL=ssl or starttls, or {prefix}_ALLOW_PLAIN_LOGIN=1 if that network is trusted")
 
 
@@ -379,28 +332,28 @@ def sender_address(user):
     if configured:
         name, addr = email.utils.parseaddr(configured)
         if "@" not in addr:
-            raise Fail(f"IAS_SMTP_FROM is not an email address: '{configured}'")
+            raise SkillError(f"IAS_SMTP_FROM is not an email address: '{configured}'")
         where = "IAS_SMTP_FROM"
     elif user:
         name, addr = "", user
         if "@" not in addr:
-            raise Fail("IAS_SMTP_USER is not an email address; set IAS_SMTP_FROM to the address to send from")
+            raise SkillError("IAS_SMTP_USER is not an email address; set IAS_SMTP_FROM to the address to send from")
         where = "IAS_SMTP_USER"
     else:
-        raise Fail("set IAS_SMTP_FROM (or IAS_SMTP_USER) to the address to send from")
+        raise SkillError("set IAS_SMTP_FROM (or IAS_SMTP_USER) to the address to send from")
     try:
         return Address(display_name=name, addr_spec=addr)
     except (HeaderParseError, ValueError, IndexError):
-        raise Fail(f"{where} is not a valid email address: '{addr}'") from None
+        raise SkillError(f"{where} is not a valid email address: '{addr}'") from None
 
 
 def build_message(sender, to, subject, body):
     try:
         recipient = Address(addr_spec=to)
     except (HeaderParseError, ValueError, IndexError):
-        raise Fail(f"'to' is not a valid email address: '{to}'") from None
+        raise SkillError(f"'to' is not a valid email address: '{to}'") from None
     if not recipient.domain:
-        raise Fail(f"'to' is not a valid email address: '{to}'")
+        raise SkillError(f"'to' is not a valid email address: '{to}'")
     msg = EmailMessage()
     msg["From"] = sender
     msg["To"] = recipient
@@ -450,7 +403,7 @@ def smtp_login(server, user, password, where):
         if code == 334:
             code, reply = server.docmd(b64(password.encode()))
     else:
-        raise Fail(f"{where} offers no login iAs supports (PLAIN or LOGIN); it offers: {' '.join(offered) or 'none'}")
+        raise SkillError(f"{where} offers no login iAs supports (PLAIN or LOGIN); it offers: {' '.join(offered) or 'none'}")
     if code == 334:                     # an unexpected challenge: give up rather than try again
         server.docmd("*")
     if code != 235:
@@ -460,14 +413,14 @@ def smtp_login(server, user, password, where):
 def send(params):
     missing = [key for key in ("to", "subject", "body") if not isinstance(params.get(key), str)]
     if missing:
-        raise Fail("action 'send' needs 'to', 'subject' and 'body'; missing: " + ", ".join(missing))
+        raise SkillError("action 'send' needs 'to', 'subject' and 'body'; missing: " + ", ".join(missing))
     to, subject, body = params["to"].strip(), params["subject"], params["body"]
     if len(subject) > SUBJECT_MAX:
-        raise Fail(f"subject is longer than {SUBJECT_MAX} characters")
+        raise SkillError(f"subject is longer than {SUBJECT_MAX} characters")
 
     host = env("IAS_SMTP_HOST")
     if not host:
-        raise Fail("sending email is not configured: set IAS_SMTP_HOST (and IAS_SMTP_USER, IAS_SMTP_PASSWORD)")
+        raise SkillError("sending email is not configured: set IAS_SMTP_HOST (and IAS_SMTP_USER, IAS_SMTP_PASSWORD)")
     mode = ssl_mode("IAS_SMTP_SSL")
     port = port_of("IAS_SMTP_PORT", {"ssl": 465, "starttls": 587, "none": 25}[mode])
     user, password = credentials("IAS_SMTP")
@@ -490,23 +443,23 @@ def send(params):
         if user:
             smtp_login(server, user, password, where)
         server.send_message(msg, from_addr=sender.addr_spec, to_addrs=[recipient.addr_spec])
-    except Fail:
+    except SkillError:
         raise
     except (Deadline, TimeoutError, socket.timeout, smtplib.SMTPServerDisconnected) as exc:
         if server is not None and server.data_started:
-            raise Fail(f"{where} did not confirm the message ({network_error(exc, where, 'IAS_SMTP')}): "
+            raise SkillError(f"{where} did not confirm the message ({network_error(exc, where, 'IAS_SMTP')}): "
                        "delivery is unknown, it may or may not have been sent; check the Sent folder or ask "
                        "the recipient before sending it again", delivery="unknown") from None
-        raise Fail(network_error(exc, where, "IAS_SMTP") + "; the message was not sent") from None
+        raise SkillError(network_error(exc, where, "IAS_SMTP") + "; the message was not sent") from None
     except smtplib.SMTPAuthenticationError as exc:
-        raise Fail(f"SMTP login as {user} failed at {where}: {smtp_reply(exc)}. Check IAS_SMTP_USER and "
+        raise SkillError(f"SMTP login as {user} failed at {where}: {smtp_reply(exc)}. Check IAS_SMTP_USER and "
                    "IAS_SMTP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
     except smtplib.SMTPRecipientsRefused as exc:
         reasons = "; ".join(f"{code} {text.decode('utf-8', 'replace') if isinstance(text, bytes) else text}"
                             for code, text in exc.recipients.values())
-        raise Fail(f"{where} refused the recipient {recipient.addr_spec}: {reasons}") from None
+        raise SkillError(f"{where} refused the recipient {recipient.addr_spec}: {reasons}") from None
     except smtplib.SMTPSenderRefused as exc:
-        raise Fail(f"{where} refused the sender {sender.addr_spec}: {smtp_reply(exc)} (many providers "
+        raise SkillError(f"{where} refused the sender {sender.addr_spec}: {smtp_reply(exc)} (many providers "
                    "require From to be the logged-in account)") from None
     except smtplib.SMTPNotSupportedError as exc:
         if "AUTH" in str(exc):
@@ -516,9 +469,9 @@ def send(params):
             hint = " (set IAS_SMTP_SSL=ssl or none)"
         else:
             hint = ""
-        raise Fail(f"{where}: {str(exc).rstrip('.')}{hint}") from None
+        raise SkillError(f"{where}: {str(exc).rstrip('.')}{hint}") from None
     except Exception as exc:
-        raise Fail(network_error(exc, where, "IAS_SMTP")) from None
+        raise SkillError(network_error(exc, where, "IAS_SMTP")) from None
     finally:
         if server is not None:
             try:
@@ -556,7 +509,7 @@ class Mailbox:
     def __init__(self):
         self.host = env("IAS_IMAP_HOST")
         if not self.host:
-            raise Fail("reading email is not configured: set IAS_IMAP_HOST (and IAS_IMAP_USER, IAS_IMAP_PASSWORD)")
+            raise SkillError("reading email is not configured: set IAS_IMAP_HOST (and IAS_IMAP_USER, IAS_IMAP_PASSWORD)")
         self.mode = ssl_mode("IAS_IMAP_SSL")
         self.port = port_of("IAS_IMAP_PORT", 993 if self.mode == "ssl" else 143)
         self.user, self.password = credentials("IAS_IMAP")
@@ -578,30 +531,30 @@ class Mailbox:
                 stage = "login"
                 self.imap.login(self.user, self.password)
             elif self.imap.state == "NONAUTH":
-                raise Fail(f"{self.where} needs a login: set IAS_IMAP_USER and IAS_IMAP_PASSWORD")
+                raise SkillError(f"{self.where} needs a login: set IAS_IMAP_USER and IAS_IMAP_PASSWORD")
             stage = "id"
             self.send_id()
             stage = "select"
             typ, data = self.imap.select("INBOX", readonly=True)
             if typ != "OK":
-                raise Fail(f"{self.where} would not open INBOX: {imap_text(data)}")
-        except Fail:
+                raise SkillError(f"{self.where} would not open INBOX: {imap_text(data)}")
+        except SkillError:
             self.close()
             raise
         except UnicodeEncodeError:
             self.close()
-            raise Fail("IMAP login needs an ASCII user name and password (IAS_IMAP_USER, IAS_IMAP_PASSWORD)") from None
+            raise SkillError("IMAP login needs an ASCII user name and password (IAS_IMAP_USER, IAS_IMAP_PASSWORD)") from None
         except imaplib.IMAP4.error as exc:
             self.close()
             if stage == "login":
-                raise Fail(f"IMAP login as {self.user} failed at {self.where}: {imap_text(exc)}. Check IAS_IMAP_USER "
+                raise SkillError(f"IMAP login as {self.user} failed at {self.where}: {imap_text(exc)}. Check IAS_IMAP_USER "
                            "and IAS_IMAP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
             if stage == "starttls":
-                raise Fail(f"{self.where}: STARTTLS failed: {imap_text(exc)} (set IAS_IMAP_SSL=ssl or none)") from None
-            raise Fail(f"{self.where}: {stage} failed: {imap_text(exc)}") from None
+                raise SkillError(f"{self.where}: STARTTLS failed: {imap_text(exc)} (set IAS_IMAP_SSL=ssl or none)") from None
+            raise SkillError(f"{self.where}: {stage} failed: {imap_text(exc)}") from None
         except Exception as exc:
             self.close()
-            raise Fail(network_error(exc, self.where, "IAS_IMAP")) from None
+            raise SkillError(network_error(exc, self.where, "IAS_IMAP")) from None
         return self
 
     def send_id(self):
@@ -636,11 +589,11 @@ class Mailbox:
         try:
             typ, data = self.imap.uid(command, *args)
         except imaplib.IMAP4.error as exc:
-            raise Fail(f"{self.where}: UID {command} failed: {imap_text(exc)}") from None
+            raise SkillError(f"{self.where}: UID {command} failed: {imap_text(exc)}") from None
         except Exception as exc:
-            raise Fail(network_error(exc, self.where, "IAS_IMAP")) from None
+            raise SkillError(network_error(exc, self.where, "IAS_IMAP")) from None
         if typ != "OK":
-            raise Fail(f"{self.where}: UID {command} failed: {imap_text(data)}")
+            raise SkillError(f"{self.where}: UID {command} failed: {imap_text(data)}")
         return data
 
 
@@ -667,7 +620,7 @@ def fetched(data):
 def list_unread(params):
     limit = params.get("limit", LIMIT_DEFAULT)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
-        raise Fail(f"limit must be an integer from 1 to {LIMIT_MAX}")
+        raise SkillError(f"limit must be an integer from 1 to {LIMIT_MAX}")
     with Mailbox() as box:
         data = box.uid("SEARCH", None, "UNSEEN")
         uids = sorted({int(x) for chunk in data if isinstance(chunk, bytes) for x in chunk.split() if x.isdigit()},
@@ -696,12 +649,12 @@ def read(params):
     if isinstance(uid, int) and not isinstance(uid, bool):
         uid = str(uid)
     if not isinstance(uid, str) or not re.fullmatch(r"[1-9][0-9]{0,9}", uid.strip()):
-        raise Fail("action 'read' needs 'uid': the digits list_unread returned, e.g. \"1234\"")
+        raise SkillError("action 'read' needs 'uid': the digits list_unread returned, e.g. \"1234\"")
     uid = uid.strip()
     with Mailbox() as box:
         raw = fetched(box.uid("FETCH", uid, "(UID BODY.PEEK[])")).get(int(uid))
     if raw is None:
-        raise Fail(f"no message with uid {uid} in INBOX")
+        raise SkillError(f"no message with uid {uid} in INBOX")
     msg = email.message_from_bytes(raw)
     body, attachments = message_body(msg)
     result = {"success": True, "uid": uid, "from": header_text(msg["From"])[:HEADER_MAX],
@@ -721,7 +674,7 @@ def read(params):
 
 def network_error(exc, where, prefix):
     """A clear one-line message for a connection or protocol failure (no traceback, no password)."""
-    if isinstance(exc, Fail):
+    if isinstance(exc, SkillError):
         return str(exc)
     if isinstance(exc, Deadline):
         return f"{where} did not finish within {deadline_text()} (IAS_EMAIL_TIMEOUT)"
@@ -758,30 +711,23 @@ def network_error(exc, where, prefix):
 ACTIONS = {"send": send, "list_unread": list_unread, "read": read}
 
 
-def main():
-    try:
-        params = json.loads(sys.stdin.buffer.read() or b"{}")
-        if not isinstance(params, dict):
-            raise ValueError
-    except ValueError:
-        emit({"success": False, "error": "parameters on stdin must be one JSON object"})
-        return
+def main(stdin_text):
+    params = ias_skill.params(stdin_text)
     action = params.get("action")
     if action not in ACTIONS:
-        emit({"success": False, "error": "action must be send, list_unread or read"})
-        return
+        raise SkillError("action must be send, list_unread or read")
     try:
         start_deadline()
-        result = ACTIONS[action](params)
-    except Fail as exc:
-        result = {"success": False, "error": str(exc), **exc.fields}
+        return ACTIONS[action](params)
+    except SkillError:
+        raise
     except Deadline:
-        result = {"success": False, "error": f"email {action} did not finish within {deadline_text()}"}
+        raise SkillError(f"email {action} did not finish within {deadline_text()}") from None
     except Exception as exc:        # a bug or a server answer nobody expected: still no traceback
-        result = {"success": False, "error": f"email {action} failed: {type(exc).__name__}: {exc}"}
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    emit(result)
+        raise SkillError(f"email {action} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 if __name__ == "__main__":
-    main()
+    ias_skill.run(main, "email failed")

@@ -8,32 +8,23 @@ can end everything it started; the same happens when this helper is itself told 
 
 Output is read concurrently from both pipes; only the start and the end of each stream are kept
 (HEAD + TAIL bytes), so a flood costs no memory, and the JSON result always fits the 64 KiB the
-model may see. Stdlib only.
+model may see. Stdlib and the ias_skill helper (on PYTHONPATH from the runner).
 """
 import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
+
+import ias_skill
+from ias_skill import SkillError, group_alive, signal_group
 
 DEFAULT_TIMEOUT = 110.0          # below the skill's ## Timeout (120 s), so the result is still printed
 KILL_GRACE = 2.0                 # seconds between SIGTERM and SIGKILL of the command's group
 DRAIN_TIMEOUT = 2.0              # seconds to wait for the pipes after bash has exited
 LIMITS = {"stdout": 24 * 1024, "stderr": 8 * 1024}   # bytes kept per stream (start and end)
 RESULT_MAX = 60 * 1024           # bytes of the JSON result, under the runner's 64 KiB
-
-
-def emit(result):
-    text = json.dumps(result, ensure_ascii=False)
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def fail(message):
-    emit({"success": False, "error": message})
-    sys.exit(0)
 
 
 class Capture:
@@ -85,35 +76,6 @@ class Capture:
                 + tail.decode("utf-8", "replace"))
 
 
-def signal_group(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def group_alive(pgid):
-    """Whether a non-zombie process of the group is left."""
-    if not signal_group(pgid, 0):
-        return False
-    try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return True
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
-
-
 def terminate(pgid):
     """SIGTERM the group, then SIGKILL what is left after KILL_GRACE seconds."""
     if not signal_group(pgid, signal.SIGTERM):
@@ -144,20 +106,16 @@ def inner_timeout():
     return min(max(value, 0.1), DEFAULT_TIMEOUT)
 
 
-def main():
-    try:
-        params = json.load(sys.stdin)
-    except ValueError:
-        fail("parameters on stdin are not valid JSON")
-    command = params.get("command") if isinstance(params, dict) else None
+def main(stdin_text):
+    command = ias_skill.params(stdin_text).get("command")
     if not isinstance(command, str) or not command.strip():
-        fail("command must be a non-empty string")
+        raise SkillError("command must be a non-empty string")
     if "\0" in command:
-        fail("command contains a NUL character, which a command line cannot carry")
+        raise SkillError("command contains a NUL character, which a command line cannot carry")
 
     home = os.environ.get("HOME") or os.getcwd()
     env = {k: v for k, v in os.environ.items()
-           if k not in ("IAS_PARAMS", "IAS_SHELL_TIMEOUT") and not k.startswith("IAS_PARAM_")}
+           if k not in ("IAS_PARAMS", "IAS_SHELL_TIMEOUT", "PYTHONPATH") and not k.startswith("IAS_PARAM_")}
     limit = inner_timeout()
     started_pids = []
 
@@ -174,7 +132,7 @@ def main():
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
-        fail(f"could not start bash: {exc.strerror or exc}")
+        raise SkillError(f"could not start bash: {exc.strerror or exc}") from None
     started_pids.append(proc.pid)
 
     out = Capture(proc.stdout, LIMITS["stdout"])
@@ -215,8 +173,8 @@ def main():
         # Escaped control characters take up to six bytes each: shrink until the JSON fits.
         out_limit, err_limit = out_limit // 2, err_limit // 2
         result["truncated"] = True
-    emit(result)
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    ias_skill.run(main, "execute_shell failed")
