@@ -358,8 +358,17 @@ class Copy:
             except OSError:
                 pass
         wait_until(lambda: not self.cluster_processes(), 10)
-        # A killed postmaster may linger as a zombie (this container's init reaps late), which
-        # pg_ctl counts as running: the next test starts from a cleanly stopped cluster instead.
+        # A killed postmaster lingers as a zombie until init reaps it (late, in some containers),
+        # and PostgreSQL takes the zombie's pid in postmaster.pid and the socket's lock file for a
+        # live server: wait for the reaping, so the next test starts from a cleanly stopped cluster.
+        stale = [self.pgdata / "postmaster.pid", *self.pgdata.glob(".s.PGSQL.*.lock")]
+        pids = set()
+        for path in stale:
+            try:
+                pids.add(int(path.read_text().split("\n", 1)[0]))
+            except (OSError, ValueError):
+                pass
+        wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), STEP)
         if self.postmaster_pid() is None:
             (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
 
