@@ -35,6 +35,8 @@ from tests.servers.llm import LLMServer, calls, text
 DB_LOST_LIMIT = 60.0        # seconds a daemon may take to answer again after its database died (SPEC §4)
 EXIT_MARGIN = 15.0          # seconds more for it to exit non-zero instead ("about a minute")
 SIGTERM_ROUNDS = 10
+PROBE_REPLY = 10.0          # seconds the daemon may take to answer anything while its database is lost
+PROBE_PAUSE = 0.5           # seconds between probes that got a "not now" answer
 
 
 def succeeded(result: Result) -> bool:
@@ -124,20 +126,28 @@ class DefaultsTest(E2ETestCase):
         self.assertEqual(verify.returncode, 0, verify.describe())
 
     def test_hostile_command_line_input(self):
-        cases = {
+        usage = {                            # SPEC §2: one line naming the problem, exit 2
             "audit --limit -1": ("audit", "--limit", "-1"),
             "audit --limit 10**20": ("audit", "--limit", "99999999999999999999"),
             "run with 100,000 nested [": ("run", "get_current_datetime", "[" * 100_000),
             "run with a 5,000-digit number": ("run", "get_current_datetime", '{"format": ' + "1" * 5000 + "}"),
-            "invalid UTF-8 skill name": (b"run", b"\xff\xfe"),
-            "invalid UTF-8 in the JSON": (b"run", b"get_current_datetime", b'{"format": "\xff"}'),
         }
-        for label, args in cases.items():
+        for label, args in usage.items():
             with self.subTest(label):
                 result = self.copy.ias(*args)
                 self.assertFalse("Traceback" in result.stdout + result.stderr, result.describe())
-                self.assertIn(result.returncode, (1, 2), result.describe())
-                self.assertTrue((result.stdout + result.stderr).strip(), "no word about the problem")
+                self.assertEqual(result.returncode, 2, result.describe())
+                self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.describe())
+        refused = {                          # a call the gate refuses: its result on stdout, exit 1
+            "invalid UTF-8 skill name": (b"run", b"\xff\xfe"),
+            "invalid UTF-8 in the JSON": (b"run", b"get_current_datetime", b'{"format": "\xff"}'),
+        }
+        for label, args in refused.items():
+            with self.subTest(label):
+                result = self.copy.ias(*args)
+                self.assertFalse("Traceback" in result.stdout + result.stderr, result.describe())
+                self.assertEqual(result.returncode, 1, result.describe())
+                self.assertIs(json.loads(result.stdout)["success"], False, result.describe())
         with self.subTest("skills --json | head -1"):
             read, write = os.pipe()
             os.close(read)                   # the reader is gone before the first write: EPIPE
@@ -147,6 +157,7 @@ class DefaultsTest(E2ETestCase):
             err = err.decode("utf-8", "replace")
             self.assertFalse("Traceback" in err or "BrokenPipeError" in err, err[-3000:])
             self.assertIn(proc.returncode, (0, 1), err)
+            self.assertLessEqual(len(err.strip().splitlines()), 1, err)
 
 
 class ParallelCommandsTest(E2ETestCase):
@@ -236,13 +247,23 @@ class DaemonTest(E2ETestCase):
             self.assertFalse("Traceback" in daemon.stderr(), daemon.stderr()[-3000:])
 
     def answers_again(self, daemon: Daemon, deadline: float) -> bool:
-        """Probe the daemon until an echo comes back before `deadline`; False if it exits or never answers."""
+        """Probe the daemon until an echo comes back before `deadline`; False if it exits or never answers.
+
+        Meanwhile every probe must get some answer (e.g. "database unavailable") within PROBE_REPLY
+        seconds: silence is a failure (issue 10, item 2).
+        """
         n = 0
         while daemon.proc.poll() is None and (left := deadline - time.monotonic()) > 0:
             n += 1
             daemon.send(f"探测{n}")
-            if daemon.wait_for(ECHO + "探测", min(5.0, left)) is not None:
+            line = daemon.next_line(PROBE_REPLY)
+            if line is None:
+                self.assertIsNotNone(daemon.proc.poll(), f"probe {n} got no answer within {PROBE_REPLY:g}s; log:\n"
+                                                         f"{daemon.stderr()[-3000:]}")
+                return False
+            if line.startswith(ECHO + "探测"):
                 return True
+            time.sleep(min(PROBE_PAUSE, max(0.0, left)))
         return False
 
     def assertSecondDaemonRefused(self, when: str) -> None:
@@ -263,7 +284,8 @@ class DaemonTest(E2ETestCase):
         self.assertNotEqual(result.returncode, 0, f"{when}: {result.describe()}")
         self.assertFalse("Traceback" in result.stderr, f"{when}: {result.describe()}")
         lines = [line for line in result.stderr.splitlines() if line.strip()]
-        self.assertTrue(lines and "daemon" in lines[-1].lower(), f"{when}: no clear line: {result.describe()}")
+        self.assertTrue(len(lines) == 1 and "daemon" in lines[0].lower(), f"{when}: not one clear line: "
+                                                                         f"{result.describe()}")
 
 
 if __name__ == "__main__":
