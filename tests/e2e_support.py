@@ -459,9 +459,10 @@ class Daemon:
     def stderr(self) -> str:
         return "\n".join(line for line in list(self.log) if line is not None)
 
-    def send(self, line: str) -> None:
+    def send(self, line: str | bytes) -> None:
+        """One line to the console (bytes as they are, so a test can send invalid UTF-8)."""
         try:
-            self.proc.stdin.write(line.encode("utf-8") + b"\n")
+            self.proc.stdin.write((line if isinstance(line, bytes) else line.encode("utf-8")) + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             pass                                 # it died; the caller finds out by the missing reply

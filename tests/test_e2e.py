@@ -193,8 +193,21 @@ class DaemonTest(E2ETestCase):
         self.assertTrue(wait_until(lambda: not self.copy.cluster_processes(), 15),
                         f"left running after the last iAs process: {self.copy.cluster_processes()}")
 
+    def test_console_survives_invalid_utf8(self):
+        with EchoLLM() as llm:
+            daemon = self.copy.daemon(llm_env(llm))
+            self.assertAnswers(daemon, "你好", "before")
+            daemon.drain()
+            daemon.send(b"\xff\xfe hi \xe4\xbd")
+            line = daemon.next_line()
+            self.assertTrue(line and line.startswith(ECHO) and "hi" in line,
+                            f"{line!r}; log:\n{daemon.stderr()[-3000:]}")
+            self.assertAnswers(daemon, "还在吗", "after a line of invalid UTF-8")
+            self.assertEqual(daemon.terminate(), 0, daemon.stderr()[-3000:])
+
     def test_sigterm_during_a_skill_records_skill_finished(self):
-        started, finished = self.audit_count("skill_started", "e2e_hold"), self.audit_count("skill_finished", "e2e_hold")
+        started = self.audit_count("skill_started", "e2e_hold")
+        finished = self.audit_count("skill_finished", "e2e_hold")
         for round_ in range(1, SIGTERM_ROUNDS + 1):
             daemon = self.copy.daemon()
             pidfile = self.copy.name("sigterm")
