@@ -197,15 +197,19 @@ class Copy:
 
     def __init__(self):
         self.root = Path(tempfile.mkdtemp(prefix="ias-e2e-"))
-        os.chmod(self.root, 0o755)          # the postgres OS user must reach var/pg
-        for rel in repo_files():
-            source = REPO / rel
-            if source.is_file():
-                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, self.root / rel)
-        for name, spec in E2E_SKILLS.items():
-            (self.root / "skills" / name).mkdir(parents=True)
-            (self.root / "skills" / name / "SKILL.md").write_text(spec, encoding="utf-8")
+        try:
+            os.chmod(self.root, 0o755)      # the postgres OS user must reach var/pg
+            for rel in repo_files():
+                source = REPO / rel
+                if source.is_file():
+                    (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, self.root / rel)
+            for name, spec in E2E_SKILLS.items():
+                (self.root / "skills" / name).mkdir(parents=True)
+                (self.root / "skills" / name / "SKILL.md").write_text(spec, encoding="utf-8")
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
         self.pgdata = self.root / "var" / "pg"
         self.scratch = self.root / "e2e"    # pid files and release files; neither skills/ nor resources/
         self.scratch.mkdir()
