@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers.llm import LLMServer, text
+from tests.servers.llm import LLMServer, calls, text
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_LINE = re.compile(r"确认码：(\d{6})")
@@ -165,14 +165,21 @@ def wait_until(predicate, timeout: float = STEP) -> bool:
 
 
 class EchoLLM(LLMServer):
-    """The suite's OpenAI-compatible endpoint answering every request with ECHO + the owner's last message."""
+    """The suite's OpenAI-compatible endpoint answering every request with ECHO + the owner's last message.
+
+    While `tool` is set to (name, arguments), a request ending with the owner's message is
+    answered with that tool call instead; the request carrying its result gets the echo.
+    """
 
     def __init__(self):
         super().__init__([text("")], repeat_last=True)
+        self.tool: tuple[str, dict] | None = None
 
     def _next(self, raw: bytes) -> dict:
         super()._next(raw)
         messages = json.loads(raw)["messages"]
+        if self.tool is not None and messages[-1]["role"] == "user":
+            return calls(self.tool)
         return text(ECHO + next(m["content"] for m in reversed(messages) if m["role"] == "user"))
 
 

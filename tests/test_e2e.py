@@ -208,25 +208,33 @@ class DaemonTest(E2ETestCase):
     def test_sigterm_during_a_skill_records_skill_finished(self):
         started = self.audit_count("skill_started", "e2e_hold")
         finished = self.audit_count("skill_finished", "e2e_hold")
-        for round_ in range(1, SIGTERM_ROUNDS + 1):
-            daemon = self.copy.daemon()
-            pidfile = self.copy.name("sigterm")
-            daemon.send("/run e2e_hold " + hold_args(pidfile))
-            pgid, _ = self.copy.read_pidfile(pidfile, watch=daemon.proc)
-            self.assertEqual(daemon.terminate(), 0, f"round {round_}: {daemon.stderr()[-3000:]}")
-            self.assertTrue(wait_until(lambda: not group_alive(pgid), 5), f"round {round_}: the skill still runs")
+        with EchoLLM() as llm:
+            for round_ in range(1, SIGTERM_ROUNDS + 1):
+                pidfile = self.copy.name("sigterm")
+                if round_ % 2:               # the model calls the skill in a turn
+                    daemon = self.copy.daemon(llm_env(llm))
+                    llm.tool = ("e2e_hold", {"pidfile": str(pidfile)})
+                    daemon.send("请运行 e2e_hold")
+                else:                        # the owner's /run
+                    daemon = self.copy.daemon()
+                    daemon.send("/run e2e_hold " + hold_args(pidfile))
+                pgid, _ = self.copy.read_pidfile(pidfile, watch=daemon.proc)
+                self.assertEqual(daemon.terminate(), 0, f"round {round_}: {daemon.stderr()[-3000:]}")
+                self.assertTrue(wait_until(lambda: not group_alive(pgid), 5), f"round {round_}: the skill still runs")
         # Each call writes at most one skill_finished row: SIGTERM_ROUNDS more rows means every time.
         self.assertEqual((self.audit_count("skill_started", "e2e_hold") - started,
                           self.audit_count("skill_finished", "e2e_hold") - finished), (SIGTERM_ROUNDS, SIGTERM_ROUNDS),
                          "(skill_started, skill_finished) rows written by the interrupted calls")
 
     def test_kill_9_of_the_daemon_mid_skill(self):
-        first = self.copy.daemon()
         pidfile = self.copy.name("orphan")
-        first.send("/run e2e_hold " + hold_args(pidfile))
-        pgid, home = self.copy.read_pidfile(pidfile, watch=first.proc)
-        interrupted = self.audit_count("interrupted", "skill=e2e_hold")
-        first.kill9()
+        with EchoLLM() as llm:
+            llm.tool = ("e2e_hold", {"pidfile": str(pidfile)})
+            first = self.copy.daemon(llm_env(llm))
+            first.send("请运行 e2e_hold")         # the model calls the skill; the turn waits for it
+            pgid, home = self.copy.read_pidfile(pidfile, watch=first.proc)
+            interrupted = self.audit_count("interrupted", "skill=e2e_hold")
+            first.kill9()
         second = self.copy.daemon()
         second.send("/help")
         self.assertIsNotNone(second.wait_for("/reset"), f"the next daemon does not answer: {second.stderr()[-3000:]}")
