@@ -6,18 +6,27 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench check clean
 
+# The pgserver wheel's PostgreSQL server, installed only when the system has no server binaries
+# (PATH, /usr/lib/postgresql/*/bin) and no database URL is set (in the variable named $(1), if any).
+ensure_server = if $(if $(1),[ -z "$${$(1):-}" ] &&) ! $(PY) -c 'from ias.pgcluster import find_bindir; find_bindir()' 2>/dev/null; then \
+	echo "no PostgreSQL server binaries on this system: installing the pgserver wheel (pip install -e '.[embedded]')"; \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[embedded]'; fi
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $(STAMP)
 
 run: $(STAMP)
+	@$(call ensure_server,IAS_DATABASE_URL)
 	$(PY) ias.py
 
 test: $(STAMP)
+	@$(call ensure_server,IAS_TEST_DATABASE_URL)
 	$(PY) -m unittest discover -s tests -t .
 
 bench: $(STAMP)
+	@$(call ensure_server)
 	-$(PY) -m pip install --quiet --disable-pip-version-check jsonschema   # baseline for the validator figure
 	$(PY) bench/run.py
 

@@ -1,5 +1,7 @@
-"""Validator throughput of ias.schema against the jsonschema package, on skill-like schemas."""
+"""Validator throughput of ias.schema against the jsonschema package, on skill-like schemas;
+and the slowest validation of an accepted `pattern` found against adversarial strings."""
 import os
+import random
 import sys
 import time
 
@@ -100,8 +102,72 @@ def _check_micros() -> float:
     return min(run() for _ in range(ROUNDS)) * 1e6
 
 
+# Patterns known to backtrack (each refused or given a short input limit by check()), and the
+# pieces random patterns are built from.
+HARD_PATTERNS = [
+    r"^(a+)+$", r"(a|ab)*c", r"(a|a)*", r"\w+@", r"^a*a*$", r"^a*a*a*$", r"(a|b)*c", r".*a.*b",
+    r"^\s*[a-z]+\s*=\s*\S+\s*$", r"^[^@]*@.*$", r"^(\S+)\s(\S+)$", r"a{1,1000}b", r"(\d{1,3}\.){3}\d{1,3}",
+    r"^(.*?,){11}P", r"(x{1,2}){12}y", r"^(\w|\d)*$", r"(\w+)\s(\w+)", r"^[a-z]+(-[a-z]+)*$", r"(?:a|b|c)+d",
+    r"^.{0,5000}$", r"a{0,400}a{0,400}b", r"(?=a*a*b)a", r"^(a|b|c)*?d$", r"(a?){30}a{30}",
+]
+_ATOMS = ["a", "b", "-", r"\.", r"\s", r"\w", r"\d", r"\S", "[^a]", "[ab]", ".", "(?:ab)", "@"]
+_QUANTS = ["", "", "*", "+", "?", "{1,3}", "{0,50}", "*?", "{2}"]
+_UNITS = ["a", "ab", "a-", " ", "a ", "1.", "@", "aaab", "a\n", "-a", "a@a."]
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    """A random regular expression of the pieces above, possibly nested."""
+    parts = []
+    for _ in range(rng.randint(1, 4)):
+        if depth < 2 and rng.random() < 0.3:
+            inner = "|".join(_random_pattern(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+            parts.append(f"(?:{inner})" + rng.choice(_QUANTS))
+        else:
+            parts.append(rng.choice(_ATOMS) + rng.choice(_QUANTS))
+    return ("^" if rng.random() < 0.4 else "") + "".join(parts) + ("$" if rng.random() < 0.5 else "")
+
+
+def _best_ms(validator, value: str, runs: int) -> float:
+    """The fastest of `runs` validations of value, in milliseconds."""
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        validator(value)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def worst_pattern(random_patterns: int = 400, seed: int = 7) -> dict:
+    """Time every accepted pattern (HARD_PATTERNS and random ones) against adversarial strings
+    at its input limit and at 100 KB; return the slowest validation found."""
+    rng = random.Random(seed)
+    patterns = HARD_PATTERNS + [_random_pattern(rng) for _ in range(random_patterns)]
+    worst = {"ms": 0.0, "pattern": None, "input": None, "accepted": 0, "refused": 0}
+    for pattern in patterns:
+        schema = {"type": "string", "pattern": pattern}
+        if ias_schema.check(schema):
+            worst["refused"] += 1
+            continue
+        worst["accepted"] += 1
+        validator = ias_schema.compile(schema)
+        limit = ias_schema.pattern_input_max(pattern)
+        for unit in _UNITS:
+            for size in (limit, 100_000):
+                for tail in ("!", "\n", ""):
+                    value = (unit * (size // len(unit) + 1))[:size - len(tail)] + tail
+                    ms = _best_ms(validator, value, 1)
+                    if ms > worst["ms"]:
+                        ms = _best_ms(validator, value, 3)     # other processes' noise is not the pattern's
+                    if ms > worst["ms"]:
+                        worst.update(ms=ms, pattern=pattern, input=f"{unit!r} x {size:,} + {tail!r}")
+    return worst
+
+
 def main() -> dict:
     """Measure and print validations/s for ias.schema and jsonschema; return the figures."""
+    worst = worst_pattern()
+    print(f"patterns: {worst['accepted']} accepted, {worst['refused']} refused; slowest validation "
+          f"{worst['ms']:.1f} ms: {worst['pattern']!r} against {worst['input']}")
     check_us = _check_micros()
     print(f"check(): {check_us:.1f} us per schema (target well under 100 us)")
     compiled = [(ias_schema.compile(s), inst) for s, insts in CASES for inst in insts]
@@ -109,7 +175,7 @@ def main() -> dict:
     timers = {"validator": _timer(lambda v, inst: v(inst), compiled),
               "validate": _timer(lambda s, inst: ias_schema.validate(inst, s), raw)}
     result = {"validator": None, "validate": None, "jsonschema": None,
-              "ratio": None, "ratio_validate": None, "check_us": check_us}
+              "ratio": None, "ratio_validate": None, "check_us": check_us, "worst_pattern": worst}
     try:
         import jsonschema
     except ImportError:

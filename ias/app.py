@@ -15,8 +15,10 @@ from .approval import Approvals, Notify, load_key
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
 from .config import Config
-from .errors import IasError
+from .errors import IasError, StoreError
 from .gate import Gate
+from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE
+from .locks import FileLock
 from .pgcluster import Cluster
 from .runner import Runner
 from .skills import Registry, registry
@@ -26,12 +28,12 @@ log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
-async def open_store(config: Config) -> AsyncIterator[Store]:
-    """The configured database, or the embedded cluster (started here and stopped after, if we started it)."""
-    cluster = None
+async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
+    """The configured database, or the embedded cluster (started if needed; stopped after only if no other
+    iAs process uses it)."""
     dsn = config.database_url
     if not dsn:
-        cluster = Cluster(config.data_dir / "pg")
+        cluster = cluster or Cluster(config.data_dir / "pg")
         dsn = cluster.start()
     try:
         store = await Store.open(dsn)
@@ -42,6 +44,22 @@ async def open_store(config: Config) -> AsyncIterator[Store]:
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+DAEMON_LOCK = "daemon.lock"      # in $IAS_DATA_DIR
+
+
+@asynccontextmanager
+async def instance_lock(config: Config) -> AsyncIterator[None]:
+    """The daemon's single-instance lock: a flock on $IAS_DATA_DIR/daemon.lock, held while it runs."""
+    lock = FileLock(config.data_dir / DAEMON_LOCK)
+    if not lock.acquire(wait=False):
+        raise IasError(f"another iAs daemon is already running with data directory {config.data_dir.resolve()}; "
+                       "stop it first")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,24 +185,38 @@ async def _explain_no_confirm(text: str) -> bool:
     return False
 
 
-async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
-    """The daemon: store and recovery, channels, agent; runs until SIGTERM/SIGINT."""
+async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT) -> int:
+    """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT (exit 0) or a failure (exit 1).
+
+    Every background task runs under one supervisor: one that crashes, or a database that stays
+    unreachable past `db_lost_limit` seconds, stops the daemon with exit status 1 so that the
+    service manager restarts it. On SIGTERM the running skills are ended first, then the calls
+    record their results (within SHUTDOWN_GRACE), and only then are the turns cancelled.
+    """
     from .agent import Agent
+    from .monitor import DatabaseMonitor
     from .router import Router
-    from .scheduler import Scheduler
+    from .runner import recover
+    from .scheduler import Scheduler, retry_later
+    from .supervisor import Supervisor
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with open_store(config) as store:
-        if not await store.lock_instance():
-            raise IasError("another iAs daemon is already running on this database; stop it first")
+    cluster = None if config.database_url else Cluster(config.data_dir / "pg")
+    async with instance_lock(config), open_store(config, cluster) as store:
         c = core(config, store)
         for line in c.registry.problems:
             log.error("skill not loaded: %s", line)
         llm = make_llm(config)
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work")
+        # Crash recovery: what a dead daemon or command left behind (never a re-run).
+        await asyncio.to_thread(recover, c.runner.run_dir)
+        await c.gate.record_interrupted()
+        supervisor = Supervisor()
+        monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
+                                  limit=db_lost_limit)
         user = await resolve_owner(config, store)
         console = ConsoleChannel(user, stdin=stdin, stdout=stdout)
 
@@ -194,36 +226,54 @@ async def run_daemon(config: Config, stdin=None, stdout=None) -> int:
         weixin = await wechat(config, store, on_stale=stale)
         if weixin is not None:
             channels = {weixin.name: weixin, console.name: console}    # WeChat first: the primary channel
-        router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels)
+        router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels, monitor=monitor,
+                        spawn=supervisor.spawn)
         leftovers = await c.approvals.expire_leftovers()
         await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
                                                             f"channels {','.join(channels)}"))
-        for channel in channels.values():
-            await channel.start(router.deliver)
-        for row in leftovers:
-            await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
-        scheduler = Scheduler(store, router.run_task)
-        scheduling = asyncio.create_task(scheduler.run())
-        systemd.notify("READY=1\nSTATUS=serving")
-        log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
-        watchdog = asyncio.create_task(_watchdog(systemd.watchdog_interval()))
+
+        async def store_error(exc: Exception) -> None:
+            if not await monitor.settle():          # the database is fine: an error of another kind
+                await retry_later(exc)
+        scheduler = Scheduler(store, router.run_task, on_store_error=store_error, spawn=supervisor.spawn)
+        stopped = False
         try:
-            await stop.wait()
+            for channel in channels.values():
+                await channel.start(router.deliver)
+                supervisor.spawn(channel.watch(), f"channel {channel.name}")
+            for row in leftovers:
+                await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+            supervisor.spawn(monitor.run(), "database monitor")
+            supervisor.spawn(scheduler.run(), "scheduler")
+            supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
+            systemd.notify("READY=1\nSTATUS=serving")
+            log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            stopped = True
         finally:
             systemd.notify("STOPPING=1")
-            log.info("iAs is stopping")
-            watchdog.cancel()
-            scheduling.cancel()
-            await asyncio.gather(scheduling, return_exceptions=True)
+            log.info("iAs is stopping%s", "" if stopped and not supervisor.failed.is_set() else " after a failure")
             for channel in channels.values():
                 await channel.stop()
-            await c.runner.kill_all()
-            await router.cancel()
+            await c.runner.kill_all()                   # skills end first …
+            await c.gate.drain(SHUTDOWN_GRACE)          # … their calls record how they ended …
+            await router.cancel()                       # … then the turns are cancelled
             await scheduler.stop()
-            await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"))
+            await supervisor.cancel(SHUTDOWN_GRACE)
+            await c.gate.drain(SHUTDOWN_GRACE)          # what the cancellations recorded
+            try:
+                await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"
+                                             + (f", {supervisor.reason}" if supervisor.reason else "")))
+            except StoreError as exc:
+                log.error("daemon_stop not recorded: %s", exc)
             if llm is not None:
                 await llm.close()
-    return 0
+    return 1 if supervisor.failed.is_set() else 0
 
 
 async def _watchdog(interval: float | None) -> None:

@@ -4,6 +4,8 @@ A High-risk call creates one `pending_approvals` row, sends the owner a message 
 that row (the only place the code ever appears) and waits, event-driven, until the owner's
 reply or the timeout settles it. Every transition is one compare-and-set UPDATE in the store,
 committed with its audit row, so a code works at most once even with concurrent replies.
+A call is not asked at all when its message would not fit one WeChat message, or when the
+owner's message that led to it already asked APPROVALS_PER_TURN approvals (`TurnBudget`).
 Not handled: approving from a different user or channel than the one the call came from.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Awaitable, Callable
 
 from .audit import redact
 from .errors import ConfigError, StoreError
+from .limits import APPROVALS_PER_TURN, MARKS_RUN_MAX, SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
 
@@ -42,11 +45,16 @@ def load_key(path: Path) -> bytes:
     """Read the HMAC key, creating a random one (0600) on first start; refuse a readable-by-others file."""
     path = Path(path)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:          # e.g. IAS_DATA_DIR names a file
+            raise ConfigError(f"cannot create the directory of secret key {path}: {exc.strerror}") from None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pass
+        except OSError as exc:
+            raise ConfigError(f"cannot create secret key {path}: {exc.strerror}") from None
         else:
             with os.fdopen(fd, "w") as file:
                 file.write(secrets.token_hex(32) + "\n")
@@ -77,20 +85,69 @@ def code_hash(key: bytes, approval_id: uuid.UUID, user_id: str, skill_name: str,
     return f"{HASH_VERSION}:" + hmac.new(key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+# Characters that draw nothing (or nothing distinctive) beyond categories Cc/Cf/Zs/Zl/Zp/Co/Cs/Cn:
+# Hangul fillers, the braille blank, the ideographic half fill space, invisible combining marks
+# (grapheme joiner, Khmer inherent vowels, Mongolian and other variation selectors).
+BLANK_LOOKING = frozenset(
+    [0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x303F, 0x3164, 0xFFA0]
+    + list(range(0x180B, 0x1810)) + list(range(0xFE00, 0xFE10)) + list(range(0xE0100, 0xE01F0)))
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs", "Cn"})
+MARKS = frozenset({"Mn", "Me", "Mc"})
+_ESCAPE_LIKE = re.compile(r"\\(?:[\\ntr]|u[0-9a-f]{4}|U[0-9a-f]{8})")
+SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _code_point(char: str) -> str:
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+
+
+def _invisible(char: str) -> bool:
+    if char == " ":
+        return False
+    return ord(char) in BLANK_LOOKING or unicodedata.category(char) in INVISIBLE_CATEGORIES
+
+
 def escape_visible(text: str) -> str:
-    """Show control, bidi, zero-width and other invisible characters as escapes (`\\n`, `\\u202e`)."""
-    out = []
-    for char in text:
-        if char == "\n":
-            out.append("\\n")
-        elif char == "\t":
-            out.append("\\t")
-        elif char == "\r":
-            out.append("\\r")
-        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn") or char == "\u3164":
-            out.append(f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}")
+    """Show every character that could hide or disguise something as an escape (`\\n`, `\\u3000`).
+
+    Escaped: control, format (bidi, zero-width, tags), separators and every space but a plain
+    one, private-use, surrogates, unassigned, blank-looking letters and symbols, combining marks
+    without a visible base or in runs longer than MARKS_RUN_MAX, and runs of plain spaces
+    longer than SPACES_RUN_MAX. A backslash that would read as one of these escapes is doubled.
+    """
+    out: list[str] = []
+    i, n = 0, len(text)
+    based = False           # the previous character shown was a visible base for combining marks
+    while i < n:
+        char = text[i]
+        if char == " ":
+            j = i
+            while j < n and text[j] == " ":
+                j += 1
+            out.append(" " * (j - i) if j - i <= SPACES_RUN_MAX else "\\u0020" * (j - i))
+            i, based = j, False
+            continue
+        if unicodedata.category(char) in MARKS and ord(char) not in BLANK_LOOKING:
+            j = i
+            while j < n and unicodedata.category(text[j]) in MARKS and ord(text[j]) not in BLANK_LOOKING:
+                j += 1
+            run = text[i:j]
+            out.append(run if based and len(run) <= MARKS_RUN_MAX else "".join(map(_code_point, run)))
+            i, based = j, False
+            continue
+        if char in SHORT_ESCAPES:
+            out.append(SHORT_ESCAPES[char])
+            based = False
+        elif _invisible(char):
+            out.append(_code_point(char))
+            based = False
+        elif char == "\\" and _ESCAPE_LIKE.match(text, i):
+            out.append("\\\\")
+            based = False
         else:
             out.append(char)
+            based = True
+        i += 1
     return "".join(out)
 
 
@@ -98,18 +155,55 @@ def _minutes(timeout: float) -> str:
     return f"{int(timeout // 60)}分钟" if timeout % 60 == 0 else f"{timeout:g}秒"
 
 
-def render(row: Approval, code: str, timeout: float) -> str:
-    """The owner's confirmation message, from the stored row (never from model text)."""
-    lines = ["⚠️ 操作确认", f"技能：{escape_visible(row.skill_name)}", "参数："]
-    for key in sorted(row.params):
+HEADER = "⚠️ 操作确认"
+# The message's own words: a label holding one of them is quoted, so it never reads as the message.
+OWN_WORDS = ("操作确认", "技能", "参数", "确认码", "回复", "取消", "有效", "尝试")
+
+
+def _label(key: str, spec: object) -> str:
+    """A parameter's label for people: the property's `title`, else its key; quoted if it echoes the message."""
+    title = spec.get("title") if isinstance(spec, dict) else None
+    label = title.strip() if isinstance(title, str) and title.strip() else key
+    label = escape_visible(label[:WECHAT_TEXT_MAX + 1])       # cut: see render()
+    if any(word in unicodedata.normalize("NFKC", label) for word in OWN_WORDS):
+        return f"「{label}」"
+    return label
+
+
+def _ordered(params: dict, parameters: dict | None) -> list[str]:
+    """Keys in the schema's property order (as the SKILL.md author wrote them), then the rest sorted."""
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    known = [k for k in properties if k in params] if isinstance(properties, dict) else []
+    return known + sorted(k for k in params if k not in known)
+
+
+def render(row: Approval, code: str, timeout: float, parameters: dict | None = None) -> str:
+    """The owner's confirmation message (SPEC §6.4), from the stored row (never from model text).
+
+    `parameters` is the skill's schema, for labels and order. Every parameter line starts with
+    "· " and has no raw line break or invisible character, so no parameter can pose as a line of
+    the message itself. The result may be longer than one WeChat message; such a message is
+    never sent (`fits`), and only then may a value be cut short.
+    """
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    lines = [HEADER, "", f"技能：{escape_visible(row.skill_name)}", "参数："]
+    for key in _ordered(row.params, parameters):
         value = row.params[key]
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-        lines.append(f"{escape_visible(str(key))}: {escape_visible(shown)}")
+        spec = properties.get(key) if isinstance(properties, dict) else None
+        # Escaping never shortens, so a value cut past one message's length still cannot fit:
+        # the cut only keeps a 10 MB argument from costing seconds before it is refused.
+        lines.append(f"· {_label(str(key), spec)}：{escape_visible(shown[:WECHAT_TEXT_MAX + 1])}")
     if not row.params:
-        lines[-1] += "（无）"
-    lines += [f"确认码：{code}", "回复确认码以继续", "回复 0 或「取消」以取消",
+        lines.append("（无）")
+    lines += ["", f"确认码：{code}", "回复确认码以继续", "回复 0 或「取消」以取消",
               f"({_minutes(timeout)}内有效，最多{MAX_ATTEMPTS}次尝试)"]
     return "\n".join(lines)
+
+
+def fits(message: str) -> bool:
+    """Whether a confirmation message goes out as one WeChat message (never split across several)."""
+    return len(message) <= WECHAT_TEXT_MAX
 
 
 def parse_reply(text: str) -> str | None:
@@ -124,9 +218,18 @@ def parse_reply(text: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How an approval ended: status approved|rejected|expired, and the row (params to run)."""
+    """How an approval ended: status approved|rejected|expired, or too_long|too_many when it was
+    never asked; and the row (params to run)."""
     status: str
     approval: Approval | None
+
+
+class TurnBudget:
+    """The approvals asked during one owner message (one agent turn): at most APPROVALS_PER_TURN."""
+    __slots__ = ("asked",)
+
+    def __init__(self) -> None:
+        self.asked = 0
 
 
 @dataclass(slots=True)
@@ -159,8 +262,27 @@ class Approvals:
                               decision=decision, detail=detail)
         return build
 
-    async def request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None) -> Outcome:
-        """Ask the owner to confirm this call and wait for the outcome; calls queue per user."""
+    async def request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None,
+                      turn: TurnBudget | None = None) -> Outcome:
+        """Ask the owner to confirm this call and wait for the outcome; calls queue per user.
+
+        Not asked (nothing stored, one audit row): a message that would not fit one WeChat
+        message (too_long), or a call past the turn's APPROVALS_PER_TURN (too_many).
+        """
+        preview = Approval(uuid.UUID(int=0), None, None, user_id, skill.name, params, "", MAX_ATTEMPTS,
+                           "pending", None, None)
+        refusal = None
+        if not fits(render(preview, "0" * 6, self.timeout, skill.parameters)):
+            refusal = "too_long"
+        elif turn is not None and turn.asked >= APPROVALS_PER_TURN:
+            refusal = "too_many"
+        if refusal is not None:
+            log.warning("approval for %s not asked: %s", skill.name, refusal)
+            await self.store.audit(AuditEntry("approval_refused", user_id=user_id, skill_name=skill.name,
+                                              params=redact(params), risk=skill.risk, decision=refusal))
+            return Outcome(refusal, None)
+        if turn is not None:
+            turn.asked += 1
         async with self._turns.setdefault(user_id, asyncio.Lock()):
             return await self._request(user_id, skill, params, notify)
 
@@ -179,10 +301,14 @@ class Approvals:
         waiter = _Waiter(row, skill, asyncio.get_running_loop().create_future())
         self._waiting[user_id] = waiter
         try:
+            message = render(row, code, self.timeout, skill.parameters)
+            if not fits(message):       # only if the stored row reads longer than the call (jsonb numbers)
+                await self._close(waiter, "expired", "too_long")
+                return Outcome("too_long", None)
             delivered = False
             if notify is not None:
                 try:
-                    delivered = await notify(render(row, code, self.timeout))
+                    delivered = await notify(message)
                 except Exception:
                     log.exception("approval %s: sending the confirmation message failed", approval_id)
             if not delivered:

@@ -2,6 +2,11 @@
 
 Commands that need no LLM never import `openai` (cold start matters for scripted use), so
 the heavier modules are imported inside the command functions.
+
+No command-line input produces a traceback: a usage error is one line and exit 2, any other
+problem one line and exit 1 (a closed stdout too); an unexpected exception is reported as an
+internal error, its traceback logged only with -v. Text arguments that are not valid UTF-8
+are decoded with replacement characters, as the console decodes its input.
 """
 from __future__ import annotations
 
@@ -14,25 +19,49 @@ import sys
 
 from . import config as config_module
 from .errors import IasError
+from .limits import CLI_NUMBER_MAX
 
 log = logging.getLogger("ias")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (and exit 2) instead of the usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _text(value: str) -> str:
+    """An argument as text: bytes that are not UTF-8 (surrogateescape) become U+FFFD."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _count(value: str) -> int:
+    """A whole number from 0 to CLI_NUMBER_MAX (a --limit, a task id)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {_text(value)[:40]!r}") from None
+    if not 0 <= number <= CLI_NUMBER_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {CLI_NUMBER_MAX}")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ias", description="iAs: a self-hosted personal assistant daemon")
+    parser = _Parser(prog="ias", description="iAs: a self-hosted personal assistant daemon")
     parser.add_argument("--config", metavar="PATH", help="ias.toml to read (default $IAS_CONFIG, else ./ias.toml)")
-    parser.add_argument("--once", metavar="TEXT", help="one conversation turn for the owner; reply on stdout")
+    parser.add_argument("--once", metavar="TEXT", type=_text, help="one conversation turn for the owner; reply on stdout")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command")
 
     skills = sub.add_parser("skills", help="list skills; `skills check`, `skills show NAME`")
     skills.add_argument("action", nargs="?", choices=["check", "show"], help="check: lint every SKILL.md; show: one skill")
-    skills.add_argument("name", nargs="?", help="skill name for `show`")
+    skills.add_argument("name", nargs="?", type=_text, help="skill name for `show`")
     skills.add_argument("--json", action="store_true", help="machine-readable output")
 
     run = sub.add_parser("run", help="call one skill through the gate; prints the LLM-visible result")
-    run.add_argument("name")
-    run.add_argument("params", nargs="?", default="{}", help="parameters as a JSON object")
+    run.add_argument("name", type=_text)
+    run.add_argument("params", nargs="?", default="{}", type=_text, help="parameters as a JSON object")
 
     approvals = sub.add_parser("approvals", help="pending approvals (never codes)")
     approvals.add_argument("--all", action="store_true", help="recent approvals in every state")
@@ -45,20 +74,20 @@ def _parser() -> argparse.ArgumentParser:
     for action in ("add", "update"):
         t = tsub.add_parser(action, help=f"{action} a task; prints the next 3 run times")
         if action == "update":
-            t.add_argument("id", type=int)
+            t.add_argument("id", type=_count)
         required = action == "add"
-        t.add_argument("--name", required=required)
-        t.add_argument("--schedule", required=required,
+        t.add_argument("--name", required=required, type=_text)
+        t.add_argument("--schedule", required=required, type=_text,
                        help="cron ('0 7 * * *'), one-shot ('2026-12-24 08:00') or interval ('every 30m'), Beijing time")
         t.add_argument("--kind", choices=["reminder", "prompt"], default="reminder" if required else None,
                        help="reminder: send the text as is; prompt: run it through the assistant")
-        t.add_argument("--text", required=required)
+        t.add_argument("--text", required=required, type=_text)
         if action == "add":
-            t.add_argument("--user", help="whose task (default: the owner)")
+            t.add_argument("--user", type=_text, help="whose task (default: the owner)")
         t.add_argument("--json", action="store_true")
     for action in ("remove", "pause", "resume"):
         t = tsub.add_parser(action)
-        t.add_argument("id", type=int)
+        t.add_argument("id", type=_count)
         t.add_argument("--json", action="store_true")
 
     wx = sub.add_parser("wechat", help="WeChat (iLink) login and its state")
@@ -67,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
-    audit.add_argument("--limit", type=int, default=20)
+    audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
     return parser
 
@@ -102,6 +131,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _broken_pipe()
+    except Exception as exc:            # the last resort: every known case is handled where it happens
+        log.debug("internal error", exc_info=True)
+        print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
+              file=sys.stderr)
+        return 1
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (`ias skills --json | head -1`): one line, exit 1.
+
+    stdout is pointed at /dev/null, as the Python docs suggest, so that the buffered rest
+    cannot fail again on the way out.
+    """
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print("ias: output closed early (broken pipe)", file=sys.stderr)
+    return 1
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else "(no message)"
 
 
 def cmd_skills(config, args) -> int:
@@ -138,9 +190,10 @@ def cmd_skills(config, args) -> int:
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
+    from . import schema
     from .app import core, open_store, owner_approvals
     try:
-        params = json.loads(params_text)
+        params = schema.loads(params_text)
     except json.JSONDecodeError as exc:
         print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
         return 2
@@ -234,12 +287,20 @@ def run() -> None:
     Everything is closed by then; skipping the teardown of the `openai`/pydantic module graph
     saves ~0.3 s on every `--once`.
     """
+    # Text that cannot be encoded (a lone surrogate) is shown as an escape, never an exception.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     code = main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    try:
+        sys.stdout.flush()              # a closed pipe shows here when the output fit the buffer
+    except BrokenPipeError:
+        code = _broken_pipe()
+    except (OSError, ValueError):
+        pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     logging.shutdown()
     os._exit(code)
 

@@ -48,9 +48,22 @@ class Config:
     repo_root: Path = REPO_ROOT
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # Resolved once, against the working directory at start: a skill runs in its own
+        # directory, so a relative path handed downstream would point somewhere else.
+        for name in ("data_dir", "secret_key_file", "skills_dir", "system_skills_dir", "repo_root"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, absolute(value))
+
     @property
     def key_file(self) -> Path:
         return self.secret_key_file or self.data_dir / "secret.key"
+
+
+def absolute(path: str | os.PathLike) -> Path:
+    """`path` with ~ expanded, made absolute against the current directory and normalised."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _convert(name: str, value, kind):
@@ -64,7 +77,15 @@ def _convert(name: str, value, kind):
         return number
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be a non-empty string")
-    return value.strip()
+    return _utf8(name, value.strip())
+
+
+def _utf8(name: str, value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:          # invalid UTF-8 in the environment (decoded with surrogateescape)
+        raise ConfigError(f"{name} is not valid UTF-8") from None
+    return value
 
 
 def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -80,6 +101,10 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"cannot read config {file}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
+        except RecursionError:
+            raise ConfigError(f"{file}: values nested too deeply") from None
 
     values: dict = {}
     skills_table = data.pop("skills", {})
@@ -100,8 +125,11 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
             values[key] = _convert(var, env[var], kind)
     for key, var in _SECRETS.items():
         if env.get(var, "").strip():
-            values[key] = env[var].strip()
+            values[key] = _utf8(var, env[var].strip())
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
-            values[key] = Path(values[key]).expanduser()
-    return Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)
+            values[key] = absolute(values[key])
+    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)
+    if config.data_dir.exists() and not config.data_dir.is_dir():
+        raise ConfigError(f"IAS_DATA_DIR {config.data_dir} is not a directory")
+    return config

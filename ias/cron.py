@@ -13,6 +13,9 @@ only the other field).
 (`2026-12-24 08:00[:30]`, `T` separator, optional UTC offset; naive = Shanghai) or an
 interval (`every N[smhd]`, at least 10 s, at most 365 days).
 
+Every invalid schedule raises CronError (a ValueError) with a short message; so do
+schedules and searches that would leave the years 1-9999 datetime can represent.
+
 Deliberately not handled: a seconds (or year) field; the L, W, # and ? extensions;
 @reboot; DST gaps and folds beyond a best effort (Asia/Shanghai has had a fixed +08:00
 offset since 1991, and the fallback zone is fixed-offset). Cron fields and naive
@@ -28,14 +31,26 @@ from datetime import date, datetime, timedelta, timezone
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from .limits import CRON_SEARCH_YEARS
+
 try:
     TZ = ZoneInfo("Asia/Shanghai")
 except ZoneInfoNotFoundError:  # no tzdata on the system and no tzdata package
     TZ = timezone(timedelta(hours=8), "Asia/Shanghai")
 
-# A search that finds nothing in this many years means the expression never fires
-# (28 years is a full weekday/leap-year cycle, for e.g. Feb 29 AND an even weekday).
-HORIZON_YEARS = 28
+# A search that finds nothing in CRON_SEARCH_YEARS (400, the Gregorian cycle: weekdays and
+# leap years repeat exactly) means the expression never fires. Feb 29 on a Sunday can be
+# 40 years away; the search jumps by month and day, so 400 years take a few hundred steps.
+
+
+class CronError(ValueError):
+    """An invalid schedule or one without a firing time; the message is short and says why."""
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """Echo of the user's text in a message, cut short."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
+
 _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)
 MIN_INTERVAL = timedelta(seconds=10)
 MAX_INTERVAL = timedelta(days=365)
@@ -79,6 +94,7 @@ class _Cron:
     months: tuple[int, ...]
     dows: frozenset[int]
     either_day: bool  # both day fields restricted: a day matches if either matches
+    dom_list: tuple[int, ...] = ()  # doms, sorted: the search jumps to the next allowed day
 
     def day_ok(self, y: int, m: int, d: int) -> bool:
         """Whether the day y-m-d matches the day-of-month/day-of-week rule."""
@@ -90,6 +106,8 @@ class _Cron:
 def _number(token: str, low: int, high: int, names: dict[str, int] | None, fail) -> int:
     """One value of a field: digits or (month/weekday fields) a name."""
     if token.isdigit() and token.isascii():
+        if len(token) > 4:
+            fail(f"value {token[:8]}… out of range {low}-{high}")
         value = int(token)
     elif names is not None and token.upper() in names:
         return names[token.upper()]
@@ -112,7 +130,7 @@ def _parse_field(text: str, index: int, expr: str) -> tuple[set[int], bool]:
     name, low, high, names = _FIELDS[index]
 
     def fail(problem: str):
-        raise ValueError(f"cron expression {expr!r}: {name} field {text!r}: {problem}")
+        raise CronError(f"cron expression {_clip(expr)}: {name} field {_clip(text, 20)}: {problem}")
 
     values: set[int] = set()
     for item in text.split(","):
@@ -120,8 +138,8 @@ def _parse_field(text: str, index: int, expr: str) -> tuple[set[int], bool]:
             fail("empty list item")
         base, slash, step_text = item.partition("/")
         if slash:
-            if not (step_text.isdigit() and step_text.isascii()):
-                fail(f"bad step {step_text!r}, expected a positive number")
+            if not (step_text.isdigit() and step_text.isascii() and len(step_text) <= 4):
+                fail(f"bad step {_clip(step_text, 8)}, expected a positive number up to 9999")
             step = int(step_text)
             if step == 0:
                 fail("step must be at least 1")
@@ -152,21 +170,21 @@ def _parse(expr: str) -> _Cron:
     text = " ".join(expr.split())
     if text.startswith("@"):
         if text.lower() not in NICKNAMES:
-            raise ValueError(f"cron expression {expr!r}: unknown nickname {text!r}, expected one of "
+            raise CronError(f"cron expression {_clip(expr)}: unknown nickname {_clip(text, 20)}, expected one of "
                              + ", ".join(NICKNAMES))
         text = NICKNAMES[text.lower()]
     fields = text.split()
     if len(fields) != 5:
-        raise ValueError(f"cron expression {expr!r}: expected 5 fields (minute hour day-of-month "
+        raise CronError(f"cron expression {_clip(expr)}: expected 5 fields (minute hour day-of-month "
                          f"month day-of-week), got {len(fields)}")
     parsed = [_parse_field(f, i, expr) for i, f in enumerate(fields)]
     (minutes, _), (hours, _), (doms, dom_star), (months, _), (dows, dow_star) = parsed
     cron = _Cron(tuple(sorted(minutes)), tuple(sorted(hours)), frozenset(doms),
-                 tuple(sorted(months)), frozenset(dows), not dom_star and not dow_star)
+                 tuple(sorted(months)), frozenset(dows), not dom_star and not dow_star, tuple(sorted(doms)))
     # When the day-of-month field must match, some chosen month has to have that day.
     if not cron.either_day and not any(d <= _MAX_DAYS[m] for m in months for d in doms):
-        raise ValueError(
-            f"cron expression {expr!r} never fires: day-of-month {','.join(map(str, sorted(doms)))} "
+        raise CronError(
+            f"cron expression {_clip(expr)} never fires: day-of-month {','.join(map(str, sorted(doms)))} "
             f"does not occur in {','.join(_MONTH_ABBR[m] for m in cron.months)}")
     return cron
 
@@ -180,7 +198,7 @@ def _first_ge(values: tuple[int, ...], x: int) -> int | None:
 def _search(cron: _Cron, start: datetime) -> datetime | None:
     """The first matching naive wall time >= start (whole minutes), or None within the horizon."""
     y, mo, d, h, mi = start.year, start.month, start.day, start.hour, start.minute
-    last_year = min(y + HORIZON_YEARS, 9999)
+    last_year = min(y + CRON_SEARCH_YEARS, 9999)
     while y <= last_year:
         if mo not in cron.months:
             nxt = _first_ge(cron.months, mo)
@@ -193,6 +211,8 @@ def _search(cron: _Cron, start: datetime) -> datetime | None:
         hour = _first_ge(cron.hours, h)
         if hour is None or not cron.day_ok(y, mo, d):
             d, h, mi = d + 1, 0, 0
+            if not cron.either_day:   # the day-of-month must match: jump to the next allowed one
+                d = _first_ge(cron.dom_list, d) or 32
             if d > calendar.monthrange(y, mo)[1]:
                 d, mo = 1, mo + 1
                 if mo > 12:
@@ -208,19 +228,26 @@ def _search(cron: _Cron, start: datetime) -> datetime | None:
     return None
 
 
+def _aware(dt: datetime) -> datetime:
+    """to_tz(), with a time outside what datetime can hold in TZ as a CronError."""
+    try:
+        return to_tz(dt)
+    except OverflowError:
+        raise CronError(f"time {dt} is out of range (years 1-9999 in Asia/Shanghai)") from None
+
+
 def next_after(expr: str, after: datetime) -> datetime:
     """The next firing time of cron `expr` strictly after `after`, aware, in Asia/Shanghai."""
     cron = _parse(expr)
-    after = to_tz(after)
+    after = _aware(after)
     wall = after.replace(tzinfo=None, second=0, microsecond=0, fold=0)
     while True:
         found = _search(cron, wall + timedelta(minutes=1)) if wall < _LAST_MINUTE else None
         if found is None:
-            if wall.year + HORIZON_YEARS > 9999:
-                raise ValueError(f"cron expression {expr!r}: no firing time after "
-                                 f"{after:%Y-%m-%d %H:%M} before the year 10000")
-            raise ValueError(f"cron expression {expr!r} never fires within {HORIZON_YEARS} years "
-                             f"after {after:%Y-%m-%d %H:%M}")
+            if wall.year + CRON_SEARCH_YEARS > 9999:
+                raise CronError(f"cron expression {_clip(expr)}: no firing time after "
+                                f"{after:%Y-%m-%d %H:%M} before the year 10000")
+            raise CronError(f"cron expression {_clip(expr)} never fires")
         result = found.replace(tzinfo=TZ)
         if result > after:
             return result
@@ -265,22 +292,26 @@ class Schedule:
 
     def next_after(self, after: datetime) -> datetime | None:
         """The next run strictly after `after` (aware, TZ); None for a one-shot already past."""
-        after = to_tz(after)
+        after = _aware(after)
         if self.kind == "cron":
             return next_after(self.text, after)
         if self.kind == "once":
             at = _once_at(self.text)
             return at if at > after else None
         if self.kind != "every":
-            raise ValueError(f"unknown schedule kind {self.kind!r}")
+            raise CronError(f"unknown schedule kind {_clip(str(self.kind))}")
         # Interval arithmetic in UTC, so it stays right across any offset change.
         step = _every_interval(self.text)
-        if self.anchor is None:
-            return (after.astimezone(timezone.utc) + step).astimezone(TZ)
-        anchor = to_tz(self.anchor).astimezone(timezone.utc)
-        delta = after - anchor
-        k = delta // step + 1 if delta >= timedelta(0) else 0
-        return (anchor + k * step).astimezone(TZ)
+        try:
+            if self.anchor is None:
+                return (after.astimezone(timezone.utc) + step).astimezone(TZ)
+            anchor = _aware(self.anchor).astimezone(timezone.utc)
+            delta = after - anchor
+            k = delta // step + 1 if delta >= timedelta(0) else 0
+            return (anchor + k * step).astimezone(TZ)
+        except OverflowError:
+            raise CronError(f"interval {_clip(self.text)}: no run after {after:%Y-%m-%d %H:%M} "
+                            "before the year 10000") from None
 
 
 @lru_cache(maxsize=256)
@@ -288,14 +319,15 @@ def _every_interval(text: str) -> timedelta:
     """The length of an `every N[smhd]` interval."""
     m = _EVERY.fullmatch(" ".join(text.split()))
     if m is None:
-        raise ValueError(f"bad interval {text!r}: expected 'every N' with a unit s, m, h or d, "
-                         "e.g. 'every 30m', 'every 2h', 'every 1d'")
-    n, unit = int(m.group(1)), m.group(2).lower()
-    if n > MAX_INTERVAL.total_seconds() // _UNITS[unit]:
-        raise ValueError(f"bad interval {text!r}: at most {MAX_INTERVAL.days} days")
+        raise CronError(f"bad interval {_clip(text)}: expected 'every N' with a unit s, m, h or d, "
+                        "e.g. 'every 30m', 'every 2h', 'every 1d'")
+    digits, unit = m.group(1).lstrip("0") or "0", m.group(2).lower()
+    if len(digits) > 9 or int(digits) > MAX_INTERVAL.total_seconds() // _UNITS[unit]:
+        raise CronError(f"bad interval {_clip(text)}: at most {MAX_INTERVAL.days} days")
+    n = int(digits)
     interval = timedelta(seconds=n * _UNITS[unit])
     if interval < MIN_INTERVAL:
-        raise ValueError(f"bad interval {text!r}: at least {MIN_INTERVAL.seconds} seconds")
+        raise CronError(f"bad interval {_clip(text)}: at least {MIN_INTERVAL.seconds} seconds")
     return interval
 
 
@@ -304,23 +336,25 @@ def _once_at(text: str) -> datetime:
     """A one-shot time, aware in TZ; naive means Shanghai wall time."""
     text = " ".join(text.split())
     if _ONCE.fullmatch(text) is None:
-        raise ValueError(f"bad one-shot time {text!r}: expected 'YYYY-MM-DD HH:MM[:SS]', "
-                         "optionally with 'T' and a UTC offset like +08:00")
+        raise CronError(f"bad one-shot time {_clip(text)}: expected 'YYYY-MM-DD HH:MM[:SS]', "
+                        "optionally with 'T' and a UTC offset like +08:00")
     try:
         return to_tz(datetime.fromisoformat(text.upper()))
     except ValueError as exc:
-        raise ValueError(f"bad one-shot time {text!r}: {exc}") from None
+        raise CronError(f"bad one-shot time {_clip(text)}: {exc}") from None
+    except OverflowError:
+        raise CronError(f"bad one-shot time {_clip(text)}: out of range (years 1-9999 in Asia/Shanghai)") from None
 
 
 def parse_schedule(text: str, *, anchor: datetime | None = None) -> Schedule:
     """Parse a cron expression, @nickname, one-shot time or `every N[smhd]` interval."""
     text = " ".join(str(text).split())
     if not text:
-        raise ValueError("empty schedule: expected a cron expression, a one-shot time or 'every N[smhd]'")
+        raise CronError("empty schedule: expected a cron expression, a one-shot time or 'every N[smhd]'")
     if text.lower().startswith("every"):
         _every_interval(text)  # validates
         m = _EVERY.fullmatch(text)
-        return Schedule("every", f"every {int(m.group(1))}{m.group(2).lower()}", anchor)
+        return Schedule("every", f"every {int(m.group(1).lstrip('0') or '0')}{m.group(2).lower()}", anchor)
     if re.match(r"\d{4}-", text):
         at = _once_at(text)
         return Schedule("once", at.strftime("%Y-%m-%d %H:%M:%S" if at.second else "%Y-%m-%d %H:%M"),
@@ -329,7 +363,7 @@ def parse_schedule(text: str, *, anchor: datetime | None = None) -> Schedule:
     if text.startswith("@") or (2 <= len(tokens) <= 7 and all(map(_CRON_TOKEN.fullmatch, tokens))):
         _parse(text)
         return Schedule("cron", text.lower() if text.startswith("@") else text, anchor)
-    raise ValueError(f"unrecognised schedule {text!r}: expected a 5-field cron expression "
+    raise CronError(f"unrecognised schedule {_clip(text)}: expected a 5-field cron expression "
                      "('0 8 * * *'), an @nickname ('@daily'), a one-shot time ('2026-12-24 08:00') "
                      "or an interval ('every 30m')")
 
@@ -339,7 +373,7 @@ def describe(schedule: Schedule | str, after: datetime, n: int = 3) -> list[date
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
     times: list[datetime] = []
-    t = to_tz(after)
+    t = _aware(after)
     while len(times) < n:
         nxt = schedule.next_after(t)
         if nxt is None:

@@ -3,18 +3,29 @@
 The LLM-visible results are fixed strings (SPEC §5–6): the model learns whether a call ran and
 what it returned, never how the owner was asked. Fail closed: when the audit row cannot be
 written, nothing runs.
+
+Once a skill has started, its end is always recorded: the `skill_finished` row and an approved
+call's result are written by a task of their own, which neither a cancelled turn nor a
+shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them, the owner
+is told that the call ran. `skill_started` and `skill_finished` carry the same `detail`, a call
+tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
+start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import time
+import uuid
 from typing import Callable
 
 from . import schema
-from .approval import Approvals, Notify
+from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
-from .runner import Runner
+from .errors import StoreError
+from .runner import Runner, RunResult, alive, identity
 from .skills import Registry
 from .store import AuditEntry, Store
 
@@ -29,6 +40,9 @@ def unconfirmed(name: str) -> dict:
     return {"success": False, "error": f"用户没有确认操作：{name}"}
 
 
+NOT_ASKED = {"too_long": "参数过长，无法请求确认：{}", "too_many": "本轮待确认操作过多，未请求确认：{}"}
+
+
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
@@ -38,16 +52,20 @@ class Gate:
         self.store = store
         self.approvals = approvals
         self._validators: dict[str, Callable[[object], list[str]]] = {}   # compiled once per skill
+        self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
+        self._finishing: set[asyncio.Task] = set()
 
-    async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None) -> dict:
-        """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask)."""
+    async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
+                   turn: TurnBudget | None = None) -> dict:
+        """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
+        `turn` counts the approvals asked for one owner message."""
         skill = self.registry.get(name)
         if skill is None:
             await self.store.audit(AuditEntry("skill_unknown", user_id=user_id, skill_name=str(name)[:200]))
             return {"success": False, "error": f"未知技能：{name}"}
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
+                arguments = schema.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as exc:
                 return await self._invalid(user_id, skill, None, [f"$: arguments are not valid JSON ({exc.msg})"])
         if arguments is None:
@@ -63,7 +81,9 @@ class Gate:
         approval_id = None
         decision = "auto"
         if skill.high:
-            outcome = await self.approvals.request(user_id, skill, params, notify)
+            outcome = await self.approvals.request(user_id, skill, params, notify, turn)
+            if outcome.status in NOT_ASKED:
+                return {"success": False, "error": NOT_ASKED[outcome.status].format(name)}
             if outcome.status == "rejected":
                 return rejected(name)
             if outcome.status != "approved":
@@ -72,22 +92,124 @@ class Gate:
             approval_id = outcome.approval.id
             decision = "approved"
 
+        tag = call_tag()
         await self.store.audit(AuditEntry("skill_started", user_id=user_id, skill_name=name, params=redact(params),
-                                          risk=skill.risk, approval_id=approval_id, decision=decision))
+                                          risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
         started = time.monotonic()
-        result = await self.runner.run(skill, params)
-        llm = result.to_llm()
-        await self.store.audit(AuditEntry(
-            "skill_finished", user_id=user_id, skill_name=name, risk=skill.risk, approval_id=approval_id,
-            decision="timeout" if result.timed_out else decision, exit_code=result.exit_code,
-            duration_ms=int((time.monotonic() - started) * 1000), output_size=result.output_size,
-            truncated=result.truncated or result.overflowed))
+        running = asyncio.get_running_loop().create_future()     # resolved once the end is recorded
+        self._inflight.add(running)
+        finishing = None
+        try:
+            try:
+                result = await self.runner.run(skill, params)
+            except asyncio.CancelledError:       # the runner killed the group; record that it ended
+                finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, None,
+                                         interrupted(name), notify)
+                raise
+            llm = result.to_llm()
+            finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, result, llm, notify)
+            await asyncio.shield(finishing)
+            return llm
+        finally:
+            if finishing is None:                # the runner failed: nothing to record, nothing to wait for
+                self._inflight.discard(running)
+                running.set_result(None)
+
+    def _finish(self, running: asyncio.Future, user_id: str, skill, approval_id, decision: str, tag: str,
+                started: float, result: RunResult | None, llm: dict, notify: Notify | None) -> asyncio.Task:
+        """Record the end of a run in a task of its own, so no cancellation can cut it short."""
+        task = asyncio.ensure_future(self._record(user_id, skill, approval_id, decision, tag, started, result, llm,
+                                                  notify))
+        self._finishing.add(task)
+
+        def done(_task) -> None:
+            self._finishing.discard(task)
+            self._inflight.discard(running)
+            if not running.done():
+                running.set_result(None)
+        task.add_done_callback(done)
+        return task
+
+    async def _record(self, user_id: str, skill, approval_id, decision: str, tag: str, started: float,
+                      result: RunResult | None, llm: dict, notify: Notify | None) -> None:
+        """skill_finished and the approval's result; if the store refuses, the owner hears the call ran."""
+        if result is None:
+            entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
+                               approval_id=approval_id, decision="cancelled", detail=tag,
+                               duration_ms=int((time.monotonic() - started) * 1000))
+        else:
+            entry = AuditEntry(
+                "skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk, approval_id=approval_id,
+                decision="timeout" if result.timed_out else decision, exit_code=result.exit_code,
+                duration_ms=int((time.monotonic() - started) * 1000), output_size=result.output_size,
+                truncated=result.truncated or result.overflowed, detail=tag)
+        saved = True
+        try:
+            await self.store.audit(entry)
+        except StoreError as exc:
+            log.error("skill %s ran but its skill_finished row was not written: %s", skill.name, exc)
+            saved = False
         if approval_id is not None:
-            await self.store.record_result(approval_id, llm)
-        return llm
+            try:
+                await self.store.record_result(approval_id, llm)
+            except StoreError as exc:
+                log.error("approval %s: skill %s ran but its result was not saved: %s", approval_id, skill.name, exc)
+                saved = False
+            if not saved and notify is not None:
+                try:
+                    await notify(NOT_SAVED.format(name=skill.name))
+                except Exception:
+                    log.exception("approval %s: telling the owner that the result was not saved failed", approval_id)
+
+    async def drain(self, timeout: float) -> bool:
+        """Shutdown: wait up to `timeout` s until every started run has recorded its end; whether all did."""
+        pending = [f for f in (*self._inflight, *self._finishing) if not f.done()]
+        if not pending:
+            return True
+        done, left = await asyncio.wait(pending, timeout=timeout)
+        if left:
+            log.error("%d skill calls did not record their end within %.0fs", len(left), timeout)
+        return not left
+
+    async def record_interrupted(self) -> int:
+        """At daemon start: a `skill_interrupted` row for each call whose process died mid-run (never a re-run).
+
+        Calls of processes that still run (a one-off command sharing this database) are left
+        alone. An approved call gets the interrupted result, so it never looks un-run.
+        """
+        count = 0
+        for row in await self.store.unfinished_calls():
+            match = _CALL_TAG.fullmatch(row.detail or "")
+            if match is None or alive(int(match[1]), int(match[2])):
+                continue
+            log.warning("skill %s (%s) was interrupted: its process ended before the skill did", row.skill_name,
+                        row.detail)
+            await self.store.audit(AuditEntry(
+                "skill_interrupted", user_id=row.user_id, skill_name=row.skill_name, risk=row.risk,
+                approval_id=row.approval_id, decision="interrupted", detail=row.detail))
+            if row.approval_id is not None:
+                await self.store.record_result(row.approval_id, interrupted(row.skill_name or ""))
+            count += 1
+        return count
 
     async def _invalid(self, user_id: str, skill, params, errors: list[str]) -> dict:
         await self.store.audit(AuditEntry("skill_invalid", user_id=user_id, skill_name=skill.name,
                                           params=redact(params) if isinstance(params, dict) else None,
                                           risk=skill.risk, decision="invalid", detail="；".join(errors)[:2000]))
         return {"success": False, "error": "参数错误：" + "；".join(errors)}
+
+
+# -- the end of a run: what an interrupted call reports, and the tag matching its audit rows --
+
+def interrupted(name: str) -> dict:
+    return {"success": False, "error": f"技能执行被中断：{name}"}
+
+
+NOT_SAVED = "操作已执行，但结果未能保存：{name}"
+_CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
+
+
+def call_tag() -> str:
+    """The `detail` of a call's skill_started and skill_finished rows: the call and its process."""
+    pid, start = identity()
+    return f"call={uuid.uuid4().hex} pid={pid} start={start}"

@@ -12,6 +12,15 @@ ERROR_TAIL = 2000                   # characters of stderr/stdout tail in an err
 KILL_POLL = 0.05                    # seconds between checks that a terminated group is gone
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
+SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
+
+# JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
+JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
+JSON_NUMBER_MAX = 100               # characters of one JSON number literal (digits of a Python int)
+PATTERN_MAX = 1000                  # characters of one schema `pattern`
+PATTERN_STEPS_MAX = 300_000         # estimated regex steps for one match (a step takes 3-50 ns: <= ~15 ms)
+PATTERN_INPUT_MAX = 10_000          # characters of a string matched against a pattern; longer is refused
+PATTERN_INPUT_MIN = 256             # a pattern that cannot match this many characters within the steps is refused
 
 # Agent and LLM
 AGENT_MAX_ROUNDS = 8                # model calls per turn (tool rounds included)
@@ -20,13 +29,28 @@ LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 
+# Approvals
+APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
+MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
+SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
+
+# Command line
+CLI_NUMBER_MAX = 2 ** 31 - 1        # largest --limit or task id accepted (beyond it: a usage error)
+
+# Store
+STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the validator allows 64); deeper parts become a marker
+
 # Daemon
-SHUTDOWN_GRACE = 5.0                # seconds for channels and turns to stop on SIGTERM
+SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
+DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
+DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
+DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
 
 # Scheduler
 SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)
 SCHEDULER_RETRY = 5.0               # seconds before the loop retries after a database error
 TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_runs
+CRON_SEARCH_YEARS = 400             # years a cron search looks ahead (the Gregorian cycle) before "never fires"
 
 # WeChat (iLink)
 WECHAT_POLL_TIMEOUT = 35.0          # seconds the server may hold getupdates, until it announces another value
@@ -49,3 +73,9 @@ WECHAT_QR_POLL_ERRORS_MAX = 5       # failed QR status polls in a row (not timeo
 WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
 WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
 WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish
+
+# Embedded PostgreSQL
+CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to start or stop
+CLUSTER_STALE_WAIT = 10.0           # seconds a start is retried while a killed server's backends still exit
+CLUSTER_RETRY_PAUSE = 0.2           # seconds between those attempts
+CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 
 import openai
@@ -44,6 +45,25 @@ class Reply:
         return message
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(value):
+    """`value` (a shallow message structure) with lone surrogates as U+FFFD: valid Unicode both ways.
+
+    A request body must be UTF-8, and a reply with a `\\ud800` escape must still reach the owner.
+    """
+    if isinstance(value, str):
+        if _SURROGATE.search(value) is None:
+            return value
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, dict):
+        return {key: _unicode(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unicode(item) for item in value]
+    return value
+
+
 # Worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not.
 _TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
               openai.InternalServerError, openai.ConflictError)
@@ -63,7 +83,7 @@ class LLM:
         for attempt in range(len(self.retry_delays) + 1):
             try:
                 response = await self.client.chat.completions.create(
-                    model=self.model, messages=messages, **({"tools": tools} if tools else {}))
+                    model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
                 break
             except _TRANSIENT as exc:
                 if attempt == len(self.retry_delays):
@@ -76,9 +96,9 @@ class LLM:
         if not response.choices:
             raise LLMError("LLM endpoint returned no choices")
         message = response.choices[0].message
-        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments or "{}")
+        calls = tuple(ToolCall(c.id, c.function.name, _unicode(c.function.arguments or "{}"))
                       for c in (message.tool_calls or []) if c.type == "function")
-        return Reply(message.content, calls)
+        return Reply(_unicode(message.content), calls)
 
     async def check(self) -> str:
         """For `doctor`: list the endpoint's models; returns a short description."""

@@ -2,30 +2,37 @@
 
 While a user has a pending approval, their messages go to it and never reach the model. A
 code-shaped message with nothing pending is intercepted too, so a late or mistyped code never
-lands in the model's context.
+lands in the model's context. While the database is lost (see monitor.py) every message gets
+one short answer instead of a turn.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable, Coroutine
 
 from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
+from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
 FAILED = "抱歉，处理这条消息时出错了，请稍后再试。"
 NOTHING_PENDING = "当前没有等待确认的操作。"
+DB_DOWN = "数据库暂时不可用，请稍后再试。"
 
 
 class Router:
     """Dispatches inbound messages from every channel; replies go back on the channel they came from."""
 
-    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel]):
+    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], *, monitor=None,
+                 spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
         self.approvals = approvals
         self.agent = agent
         self.channels = channels
+        self.monitor = monitor        # the DatabaseMonitor, in the daemon
+        self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
         self.primary = next(iter(channels.values()))     # where messages nobody asked for go
         self._turns: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -33,6 +40,9 @@ class Router:
     async def dispatch(self, message: Inbound) -> None:
         """Handle one message; never raises (a failure is logged and the owner told briefly)."""
         channel = self.channels[message.channel]
+        if self.monitor is not None and not self.monitor.available:
+            await _answer(channel, message.user_id, DB_DOWN)
+            return
         try:
             answer = await self.approvals.redeem(message.user_id, message.text)
             if answer is None and parse_reply(message.text) == "code":
@@ -45,9 +55,14 @@ class Router:
                 await channel.send(message.user_id, reply)
         except asyncio.CancelledError:
             raise
+        except StoreError as exc:
+            log.error("handling a message from %s on %s failed: %s", message.user_id, message.channel, exc)
+            if self.monitor is not None:
+                self.monitor.suspect()
+            await _answer(channel, message.user_id, DB_DOWN)
         except Exception:
             log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
-            await channel.send(message.user_id, FAILED)
+            await _answer(channel, message.user_id, FAILED)
 
     async def turn(self, user_id: str, text: str, channel: Channel) -> str:
         """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`."""
@@ -68,13 +83,12 @@ class Router:
         return text
 
     async def deliver(self, message: Inbound) -> None:
-        """The channels' callback: dispatch, tracking the task so shutdown can cancel it."""
-        task = asyncio.current_task()
+        """The channels' callback: dispatch as a task of the router's own (supervised in the daemon),
+        tracked so that shutdown can cancel it; cancelling the caller does not cancel the turn."""
+        task = self._spawn(self.dispatch(message), f"turn {message.channel}")
         self._tasks.add(task)
-        try:
-            await self.dispatch(message)
-        finally:
-            self._tasks.discard(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.wait([task])
 
     async def cancel(self) -> None:
         """Shutdown: cancel turns in flight."""
@@ -82,3 +96,13 @@ class Router:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _answer(channel: Channel, user_id: str, text: str) -> None:
+    """A short answer after a failure; it failing too is only logged (the database may be gone)."""
+    try:
+        await channel.send(user_id, text)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.error("could not answer %s on %s: %s", user_id, channel.name, exc)

@@ -21,6 +21,13 @@ Handled, and why:
   rest discarded, so a flood cannot grow the daemon. stderr keeps its tail only.
 - stdin is written without blocking while output is read; a script that exits
   without reading it is fine.
+- A run's HOME is named after the process that owns it (`run-<pid>-<start time>-…`), so the
+  next daemon start can tell the leftovers of a dead process (kill -9, power loss) from the
+  runs of a one-off command sharing the data directory right now: `recover()` ends what a
+  dead owner's skills left running (found by their HOME) and removes its run directories.
+  Where util-linux's `setpriv` exists, bash runs with PR_SET_PDEATHSIG=SIGKILL (set by
+  setpriv before it execs bash, so no preexec_fn in a threaded process): if the daemon dies,
+  the group leader dies with it at once; what it had started is ended by `recover()`.
 - Environment limits: Linux caps one environment string at 128 KiB and cannot carry
   NUL, so an IAS_PARAMS or IAS_PARAM_* value that contains NUL, is not valid UTF-8
   (a lone surrogate) or is longer than ENV_VALUE_MAX bytes is left out; so is one
@@ -43,6 +50,7 @@ pipes to close as well, so an escapee holding stdout would block it forever, and
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -75,6 +83,46 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _NOT_ENV_NAME = re.compile(r"[^A-Z0-9_]")
+_RUN_DIR = re.compile(r"run-(\d+)-(\d+)-[^/]+")
+_setpriv: list[str] | None = None        # the pdeathsig prefix, once known ([] = not available)
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot), None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def identity() -> tuple[int, int]:
+    """This process, as (pid, start time): unlike a pid alone, never the same for two processes."""
+    pid = os.getpid()
+    return pid, process_start(pid) or 0
+
+
+def alive(pid: int, start: int) -> bool:
+    """Whether the process `identity()` described is still running."""
+    return process_start(pid) == start
+
+
+def _pdeathsig() -> list[str]:
+    """`setpriv --pdeathsig KILL --` when this system's setpriv supports it, else nothing."""
+    global _setpriv
+    if _setpriv is None:
+        path = shutil.which("setpriv")
+        _setpriv = []
+        if path:
+            try:
+                ok = subprocess.run([path, "--pdeathsig", "KILL", "--", "true"], stdin=subprocess.DEVNULL,
+                                    capture_output=True, timeout=5).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+            if ok:
+                _setpriv = [path, "--pdeathsig", "KILL", "--"]
+    return _setpriv
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +157,7 @@ class RunResult:
         if not self.truncated:
             try:
                 parsed = json.loads(self.stdout)
-            except ValueError:
+            except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
                 parsed = None
             if isinstance(parsed, dict) and "success" in parsed:
                 return parsed
@@ -183,11 +231,16 @@ class Runner:
     def __init__(self, *, repo_root: Path, run_dir: Path, environ: Mapping[str, str] | None = None,
                  python: str = sys.executable, kill_grace: float = KILL_GRACE):
         self._repo_root = os.path.abspath(repo_root)
-        self._run_dir = Path(run_dir)
+        self._run_dir = Path(os.path.abspath(run_dir))
         self._environ = os.environ if environ is None else environ
         self._python = python
         self._kill_grace = kill_grace
         self._runs: set[_Run] = set()
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the runs' HOME directories are made."""
+        return self._run_dir
 
     @property
     def running(self) -> int:
@@ -220,10 +273,17 @@ class Runner:
         try:
             try:
                 self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-                home = tempfile.mkdtemp(prefix="run-", dir=self._run_dir)
+                pid, start = identity()
+                home = tempfile.mkdtemp(prefix=f"run-{pid}-{start}-", dir=self._run_dir)
                 env = self._environment(skill, params, text, directory, home)
+                prefix = _pdeathsig()
+                bash = "bash"
+                if prefix:      # setpriv would report a missing bash in words of its own
+                    bash = shutil.which("bash", path=env["PATH"])
+                    if bash is None:
+                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "bash")
                 transport, _ = await asyncio.get_running_loop().subprocess_exec(
-                    lambda: output, "bash", "-c", skill.execute,
+                    lambda: output, *prefix, bash, "-c", skill.execute,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     cwd=directory, env=env, start_new_session=True)
             except (OSError, ValueError) as exc:
@@ -317,6 +377,53 @@ class Runner:
         )
         env.update(_param_environment(params, text))
         return env
+
+
+def recover(run_dir: Path) -> int:
+    """At daemon start: end what dead processes' runs left running, and remove their run directories.
+
+    A run directory whose owner (named in it) still runs is left alone: a one-off command may
+    be using it right now. A process counts as a dead run's when its HOME is that run's
+    directory; its whole group is killed. Returns the number of directories removed.
+    """
+    try:
+        entries = [entry for entry in os.scandir(run_dir) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    leftovers = set()
+    for entry in entries:
+        match = _RUN_DIR.fullmatch(entry.name)
+        if match is None or not alive(int(match[1]), int(match[2])):
+            leftovers.add(os.path.abspath(entry.path))
+    if not leftovers:
+        return 0
+    for pgid in _groups_with_home(leftovers):
+        log.warning("killing process group %d left running by a run of a process that is gone", pgid)
+        _signal_group(pgid, signal.SIGKILL)
+    for path in leftovers:
+        shutil.rmtree(path, onerror=_force_remove)
+        if os.path.lexists(path):
+            log.warning("could not remove leftover run directory %s", path)
+    log.info("removed %d leftover run directories from %s", len(leftovers), run_dir)
+    return len(leftovers)
+
+
+def _groups_with_home(homes: set[str]) -> set[int]:
+    """Process groups of the running processes whose environment has HOME set to one of `homes`."""
+    wanted = {b"HOME=" + os.fsencode(home) for home in homes}
+    groups = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            if wanted.intersection(environ):
+                groups.add(os.getpgid(int(name)))
+        except OSError:
+            continue
+    groups.discard(os.getpgrp())       # never our own
+    return groups
 
 
 def _params_json(params: dict) -> str:

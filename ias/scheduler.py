@@ -3,14 +3,17 @@
 The loop sleeps until the earliest `next_run_at` (or until PostgreSQL NOTIFYs a change to the
 tasks table), then claims each due slot with one compare-and-set statement. Missed slots after
 downtime collapse into one catch-up run: the next slot is computed from *now*, not from the
-missed one. Not handled: running one task's slots in parallel is allowed, not prevented.
+missed one. A database error in the loop is handed to `on_store_error` (the daemon's database
+monitor, which returns once the database is back); any other exception ends `run()` and so,
+under the daemon's supervisor, the daemon. Not handled: running one task's slots in parallel
+is allowed, not prevented.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Coroutine
 
 from .cron import parse_schedule
 from .errors import StoreError
@@ -20,6 +23,7 @@ from .store import Store, Task
 log = logging.getLogger(__name__)
 
 Execute = Callable[[Task], Awaitable[str]]      # runs one task, returns what was sent to the owner
+OnStoreError = Callable[[StoreError], Awaitable[None]]
 
 
 def utcnow() -> datetime:
@@ -35,11 +39,14 @@ class Scheduler:
     """Claims due slots and runs their tasks through `execute`."""
 
     def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = utcnow,
-                 max_sleep: float = SCHEDULER_MAX_SLEEP):
+                 max_sleep: float = SCHEDULER_MAX_SLEEP, on_store_error: OnStoreError | None = None,
+                 spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
         self.store = store
         self.execute = execute
         self.now = now
         self.max_sleep = max_sleep
+        self.on_store_error = on_store_error or retry_later
+        self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
         self._running: set[asyncio.Task] = set()
 
     async def tick(self) -> list[asyncio.Task]:
@@ -57,7 +64,7 @@ class Scheduler:
             if run_id is None:
                 continue                     # another scheduler took this slot
             log.info("task %d (%s) due at %s: run %d", task.id, task.kind, slot.isoformat(), run_id)
-            run = asyncio.create_task(self._run(task, run_id))
+            run = self._spawn(self._run(task, run_id), f"task {task.id} run {run_id}")
             self._running.add(run)
             run.add_done_callback(self._running.discard)
             started.append(run)
@@ -67,13 +74,19 @@ class Scheduler:
         try:
             reply = await self.execute(task)
         except asyncio.CancelledError:
-            await asyncio.shield(self.store.finish_run(run_id, "error", error="cancelled (daemon stopping)"))
+            await asyncio.shield(self._finish(run_id, "error", error="cancelled (daemon stopping)"))
             raise
         except Exception as exc:
             log.exception("task %d run %d failed", task.id, run_id)
-            await self.store.finish_run(run_id, "error", error=str(exc)[:TASK_REPLY_MAX] or type(exc).__name__)
+            await self._finish(run_id, "error", error=str(exc)[:TASK_REPLY_MAX] or type(exc).__name__)
         else:
-            await self.store.finish_run(run_id, "ok", reply=(reply or "")[:TASK_REPLY_MAX])
+            await self._finish(run_id, "ok", reply=(reply or "")[:TASK_REPLY_MAX])
+
+    async def _finish(self, run_id: int, status: str, **outcome) -> None:
+        try:
+            await self.store.finish_run(run_id, status, **outcome)
+        except StoreError as exc:       # the run happened; only its row stays 'running'
+            log.error("task run %d ended (%s) but could not be recorded: %s", run_id, status, exc)
 
     async def run(self) -> None:
         """Forever: run what is due, then sleep until the next due time or a change to the tasks."""
@@ -85,8 +98,7 @@ class Scheduler:
                 if wait > 0:
                     await self.store.wait_for_task_change(min(wait, self.max_sleep))
             except StoreError as exc:
-                log.error("scheduler: %s; retrying in %.0fs", exc, SCHEDULER_RETRY)
-                await asyncio.sleep(SCHEDULER_RETRY)
+                await self.on_store_error(exc)
 
     async def stop(self) -> None:
         """Cancel runs in flight (their rows end as errors; the slots are not repeated)."""
@@ -94,6 +106,12 @@ class Scheduler:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def retry_later(exc: Exception) -> None:
+    """The default reaction to a database error in the loop: log it, wait a little."""
+    log.error("scheduler: %s; retrying in %.0fs", exc, SCHEDULER_RETRY)
+    await asyncio.sleep(SCHEDULER_RETRY)
 
 
 # -- managing tasks (the `ias tasks` command and the task skills) -----------------------------
@@ -133,8 +151,8 @@ async def update_task(store: Store, task_id: int, *, name: str | None = None, sc
     now = now or utcnow()
     task = await _existing(store, task_id)
     name, kind, text = name or task.name, kind or task.kind, text or task.text
+    following = _check(name, schedule or task.schedule, kind, text, task.created_at, now)   # raises TaskError
     schedule = parse_schedule(schedule).text if schedule else task.schedule
-    following = _check(name, schedule, kind, text, task.created_at, now)
     if following is None and task.enabled:
         raise TaskError(f"the one-shot time {schedule!r} is already past")
     enabled = task.enabled and following is not None
@@ -146,7 +164,10 @@ async def update_task(store: Store, task_id: int, *, name: str | None = None, sc
 async def set_enabled(store: Store, task_id: int, enabled: bool, now: datetime | None = None) -> Task:
     """Pause (no runs at all) or resume (from the next slot after now; missed ones are skipped)."""
     task = await _existing(store, task_id)
-    following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+    try:
+        following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+    except ValueError as exc:   # cron.CronError
+        raise TaskError(str(exc)) from None
     if enabled and following is None:
         raise TaskError(f"task {task_id} is a one-shot whose time has passed; update its schedule first")
     updated = await store.update_task(task_id, name=task.name, schedule=task.schedule, kind=task.kind,

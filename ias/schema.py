@@ -13,6 +13,19 @@ maxContains, content*, deprecated, readOnly, writeOnly. Tuple-form `items` (a li
 is rejected too. Formats other than date, time, date-time, email, ipv4 and uri are
 accepted unchecked. `pattern` is a Python regular expression applied with re.search.
 
+Hostile input (limits in ias.limits): check() refuses schemas nested deeper than
+JSON_DEPTH_MAX or holding integers of more than JSON_NUMBER_MAX digits before any
+recursion; loads() checks JSON text for both before parsing. A validator refuses instances
+nested deeper than JSON_DEPTH_MAX, without recursion; where the schema describes every
+container it accepts ("closed", e.g. additionalProperties false and typed items) the check is
+skipped, since such a schema rejects anything deeper than itself, and nothing recurses into
+an instance except along the schema. A `pattern` is parsed with
+Python's own regex parser and refused when a repeated group can match the same text in
+more than one way (`(a+)+`, `(a|ab)*`); for the others the backtracking work is estimated
+as a function of the input length, and strings longer than what the step budget allows
+(at most PATTERN_INPUT_MAX) are refused before matching. The estimate is deliberately
+conservative: `^[a-z]+(-[a-z]+)*$` is safe yet refused; write `^[a-z-]+$` plus a check.
+
 Semantics worth knowing: booleans are not numbers; 1.0 is an integer; enum, const and
 uniqueItems use JSON equality (1 == 1.0, True != 1); when a value has the wrong
 `type`, the other keywords of that schema are not reported for it; anyOf/oneOf failures
@@ -35,13 +48,23 @@ an edit that only swaps such values goes unnoticed: compile() again after such a
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
 from fractions import Fraction
 from typing import Any, Callable
 
-__all__ = ["SchemaError", "Validator", "apply_defaults", "check", "compile", "validate"]
+try:  # Python's own regex parser: re._parser since 3.11, sre_parse before
+    from re import _constants as _sre, _parser as _sre_parse
+except ImportError:  # pragma: no cover - Python < 3.11
+    import sre_constants as _sre  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+from .limits import (JSON_DEPTH_MAX, JSON_NUMBER_MAX, PATTERN_INPUT_MAX, PATTERN_INPUT_MIN,
+                     PATTERN_MAX, PATTERN_STEPS_MAX)
+
+__all__ = ["SchemaError", "Validator", "apply_defaults", "check", "compile", "loads", "validate"]
 
 TYPE_NAMES = ("string", "integer", "number", "boolean", "object", "array", "null")
 CACHE_MAX = 1024
@@ -71,7 +94,7 @@ def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public nam
     problems = check(schema)
     if problems:
         raise SchemaError(problems)
-    node = _compile(schema)[0]
+    node = _guarded(schema, _compile(schema)[0])
 
     def validator(instance: Any) -> list[str]:
         """Return the instance's errors as `path: message` strings; empty means valid."""
@@ -98,7 +121,7 @@ def validate(instance: Any, schema: Any) -> list[str]:
     problems = check(schema)
     if problems:
         raise SchemaError(problems)
-    node = _compile(schema)[0]
+    node = _guarded(schema, _compile(schema)[0])
     if len(_cache) >= CACHE_MAX:
         _cache.clear()
     _cache[id(schema)] = (schema, copy.deepcopy(schema), node)
@@ -107,7 +130,16 @@ def validate(instance: Any, schema: Any) -> list[str]:
 
 
 def apply_defaults(instance: Any, schema: Any) -> Any:
-    """Return a deep copy of instance with absent object properties filled from their defaults."""
+    """Return a deep copy of instance with absent object properties filled from their defaults.
+
+    An instance nested too deep is returned as is, for the validator to refuse.
+    """
+    if type(instance) not in _LEAF_TYPES and _too_deep(instance):
+        return instance
+    return _apply_defaults(instance, schema)
+
+
+def _apply_defaults(instance: Any, schema: Any) -> Any:
     if isinstance(instance, dict):
         if not isinstance(schema, dict):
             return copy.deepcopy(instance)
@@ -115,16 +147,159 @@ def apply_defaults(instance: Any, schema: Any) -> Any:
         if not isinstance(props, dict):
             props = {}
         extra = schema.get("additionalProperties")
-        out = {k: apply_defaults(v, props.get(k, extra)) for k, v in instance.items()}
+        out = {k: _apply_defaults(v, props.get(k, extra)) for k, v in instance.items()}
         for name, sub in props.items():
             if name not in out and isinstance(sub, dict) and "default" in sub:
                 # Defaults are filled in turn, so a default object gains its own nested defaults.
-                out[name] = apply_defaults(sub["default"], sub)
+                out[name] = _apply_defaults(sub["default"], sub)
         return out
     if isinstance(instance, list):
         items = schema.get("items") if isinstance(schema, dict) else None
-        return [apply_defaults(v, items) for v in instance]
+        return [_apply_defaults(v, items) for v in instance]
     return copy.deepcopy(instance)
+
+
+# ---------------------------------------------------------------------------------------
+# Hostile JSON: depth and number size, checked without recursion
+
+_INT_LIMIT = 10 ** JSON_NUMBER_MAX
+_DEPTH_MSG = f"nested deeper than {JSON_DEPTH_MAX} levels"
+_NUMBER_MSG = f"number with more than {JSON_NUMBER_MAX} digits"
+
+
+_LEAF_TYPES = frozenset({str, bool, float, int, type(None)})
+_TEXT_TYPES = frozenset({str, bool, float, type(None)})
+_SCALAR_NAMES = frozenset({"string", "integer", "number", "boolean", "null"})
+
+
+def _guarded(schema: Any, node: Node) -> Node:
+    """The root node plus the depth limit for instances, checked only where the schema leaves
+    the depth open: a valid instance of a closed schema is no deeper than the schema."""
+    if _closed(schema):
+        return node
+    names = _closed_but_extra(schema)
+
+    def guarded(x, path, seg, errors):
+        t = type(x)
+        if t in _LEAF_TYPES or (names is not None and t is dict and x.keys() <= names) or not _too_deep(x):
+            node(x, path, seg, errors)
+        else:
+            errors.append(f"{path}{seg}: {_DEPTH_MSG}")
+    return guarded
+
+
+def _closed(schema: Any) -> bool:
+    """Whether every instance the (checked) schema accepts has all its containers described by it."""
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        return False
+    if "enum" in schema or "const" in schema or any(map(_closed, schema.get("allOf", ()))):
+        return True
+    if any(key in schema and all(map(_closed, schema[key])) for key in ("anyOf", "oneOf")):
+        return True
+    if "type" not in schema:
+        return False
+    names = {schema["type"]} if isinstance(schema["type"], str) else set(schema["type"])
+    if "object" in names and not (_closed(schema.get("additionalProperties", True))
+                                  and all(map(_closed, schema.get("properties", {}).values()))):
+        return False
+    return "array" not in names or _closed(schema.get("items", True))
+
+
+def _closed_but_extra(schema: Any) -> frozenset | None:
+    """For an object schema closed but for additional properties, its property names."""
+    if not isinstance(schema, dict) or schema.get("type") not in ("object", ["object"]):
+        return None
+    props = schema.get("properties", {})
+    return frozenset(props) if all(map(_closed, props.values())) else None
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether containers nest deeper than JSON_DEPTH_MAX (the validator's hot path: one
+    comprehension per level). Numbers are not checked here: huge ints are harmless to
+    validate, and JSON text is limited by loads()."""
+    if not isinstance(value, (dict, list, tuple)):
+        return False
+    level = [value]
+    for _ in range(JSON_DEPTH_MAX):
+        below = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if type(v) not in _LEAF_TYPES]
+        level = [v for v in below if isinstance(v, (dict, list, tuple))]
+        if not level:
+            return False
+    return True
+
+
+def _hostile(value: Any) -> str | None:
+    """Why a value is too deep or holds too large a number to handle safely, or None."""
+    t = type(value)
+    if t is str or t is bool or t is float or value is None:
+        return None
+    if t is int or not isinstance(value, (dict, list)):
+        return _NUMBER_MSG if isinstance(value, int) and not -_INT_LIMIT < value < _INT_LIMIT else None
+    # Breadth first, one level at a time: no recursion, no per-value bookkeeping.
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > JSON_DEPTH_MAX:
+            return _DEPTH_MSG
+        below = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if type(v) not in _TEXT_TYPES]
+        for v in below:
+            if isinstance(v, int) and not isinstance(v, bool) and not -_INT_LIMIT < v < _INT_LIMIT:
+                return _NUMBER_MSG
+        level = [v for v in below if isinstance(v, (dict, list))]
+    return None
+
+
+# A string (kept whole, so brackets inside it are skipped), a bracket, a number, or a
+# constant json accepts but JSON does not have.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]|[\]}]|-?[0-9][-+.0-9eE]*|NaN|-?Infinity')
+
+
+# What a number over the limits must contain (possibly inside a string: then the full scan in
+# loads() decides): past JSON_NUMBER_MAX characters, either the integer or the fraction part has
+# half of them in a row, or the exponent has 3 digits; and NaN and Infinity are no JSON.
+_SUSPECT_NUMBER = re.compile(rf"[0-9](?:[0-9]{{{JSON_NUMBER_MAX // 2 - 3}}}|[eE][-+]?[0-9]{{3}})")
+
+
+def _too_big_float(token: str) -> bool:
+    """Whether a number literal overflows a float (json.loads would give inf)."""
+    try:
+        return math.isinf(float(token))
+    except ValueError:  # not a number after all: json.loads reports it
+        return False
+
+
+def loads(text: str) -> Any:
+    """json.loads with the depth and number limits checked first; raise json.JSONDecodeError.
+
+    json.loads itself recurses per nesting level and parses any number of digits, so a
+    hostile document would raise RecursionError or ValueError instead.
+    """
+    if (text.count("[") + text.count("{") <= JSON_DEPTH_MAX and "NaN" not in text and "Infinity" not in text
+            and _SUSPECT_NUMBER.search(text) is None):
+        return json.loads(text)          # cannot nest too deep, nor hold a number out of limits
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        c = text[m.start()]
+        if c == '"':
+            continue
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > JSON_DEPTH_MAX:
+                raise json.JSONDecodeError(_DEPTH_MSG, text, m.start())
+        elif c == "]" or c == "}":
+            depth -= 1
+        elif m.group() in ("NaN", "Infinity", "-Infinity"):
+            raise json.JSONDecodeError(f"{m.group()} is not a JSON number", text, m.start())
+        elif m.end() - m.start() > JSON_NUMBER_MAX:
+            raise json.JSONDecodeError(_NUMBER_MSG, text, m.start())
+        elif not m.group().lstrip("-").isdigit() and _too_big_float(m.group()):
+            raise json.JSONDecodeError("number out of range", text, m.start())
+    return json.loads(text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,6 +368,13 @@ def _canon(v: Any) -> Any:
     if isinstance(v, dict):
         return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
     return ("?", id(v))
+
+
+def _canon_instance(v: Any) -> Any:
+    """_canon() of an instance value, which may be nested too deep to recurse into."""
+    if type(v) in _LEAF_TYPES or not _too_deep(v):
+        return _canon(v)
+    return ("deep", id(v))       # equal to nothing a schema holds
 
 
 def _plural(n: int, word: str) -> str:
@@ -463,6 +645,9 @@ def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     sized = lo > 0 or hi != math.inf
     pattern = get("pattern")
     search = None if pattern is None else re.compile(pattern).search
+    # check() refused patterns it cannot bound; longer strings are refused before matching.
+    pattern_max = PATTERN_INPUT_MAX if pattern is None else pattern_input_max(pattern)
+    too_long_msg = f"must be at most {_plural(pattern_max, 'character')} long to be matched against pattern '{pattern}'"
     test, label = _FORMATS.get(get("format"), (None, ""))
     matched = search is not None or test is not None
     lo_msg = f"must be at least {_plural(lo, 'character')} long"
@@ -478,8 +663,11 @@ def _mk_string(schema: dict, fast: frozenset | None, type_ok: Callable | None,
         if sized and not lo <= len(x) <= hi:
             errors.append(f"{path}{seg}: {lo_msg if len(x) < lo else hi_msg}")
         if matched:
-            if search is not None and search(x) is None:
-                errors.append(f"{path}{seg}: {pattern_msg}")
+            if search is not None:
+                if len(x) > pattern_max:
+                    errors.append(f"{path}{seg}: {too_long_msg}")
+                elif search(x) is None:
+                    errors.append(f"{path}{seg}: {pattern_msg}")
             if test is not None and not test(x):
                 errors.append(f"{path}{seg}: {format_msg}")
         if valued:
@@ -619,7 +807,7 @@ def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
         if unique:
             seen: dict = {}
             for i, v in enumerate(x):
-                j = seen.setdefault(_canon(v), i)
+                j = seen.setdefault(_canon_instance(v), i)
                 if j != i:
                     errors.append(f"{path}{seg}: items must be unique ([{j}] and [{i}] are equal)")
                     break
@@ -666,7 +854,7 @@ def _mk_enum(values: list) -> Node:
     def check_enum(x, path, seg, errors):
         t = type(x)
         # Strings and numbers are their own canonical form; skip the call for them.
-        if (x if t is str or t is int or t is float else _canon(x)) not in allowed:
+        if (x if t is str or t is int or t is float else _canon_instance(x)) not in allowed:
             errors.append(f"{path}{seg}: {message}")
     return check_enum
 
@@ -677,7 +865,7 @@ def _mk_const(value: Any) -> Node:
     message = f"must be equal to {_js(value)}"
 
     def check_const(x, path, seg, errors):
-        if _canon(x) != want:
+        if _canon_instance(x) != want:
             errors.append(f"{path}{seg}: {message}")
     return check_const
 
@@ -694,7 +882,9 @@ def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str, 
             for n in TYPE_NAMES:
                 if n in m.kinds and n not in names and not (n == "integer" and "number" in m.kinds):
                     names.append(n)
-        errors.append(f"{path}{seg}: expected {' or '.join(names)}, got {_kind(x)}")
+        # Only `false` alternatives: no type would do.
+        errors.append(f"{path}{seg}: expected {' or '.join(names)}, got {_kind(x)}" if names
+                      else f"{path}{seg}: not allowed")
     else:
         errors.append(f"{path}{seg}: does not match any of the {keyword} alternatives")
 
@@ -753,6 +943,9 @@ def _mk_not(inner: Node) -> Node:
 
 def check(schema: Any) -> list[str]:
     """Return the problems of a schema as `path: message` strings; empty means usable."""
+    hostile = _hostile(schema)
+    if hostile is not None:
+        return [f"$: {hostile}"]
     problems: list[str] = []
     _check(schema, "$", problems)
     return problems
@@ -861,13 +1054,13 @@ def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
     """minimum, maximum and the exclusive bounds: a finite number."""
     if not _is_number(value):
         out.append(f"{path}.{key}: must be a number, got {_kind(value)}")
-    elif not math.isfinite(value):
+    elif isinstance(value, float) and not math.isfinite(value):
         out.append(f"{path}.{key}: must be a finite number")
 
 
 def _ck_positive(value: Any, path: str, key: str, out: list[str]) -> None:
     """multipleOf: a number greater than 0."""
-    if not _is_number(value) or not math.isfinite(value) or not value > 0:
+    if not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)) or not value > 0:
         out.append(f"{path}.{key}: must be a number greater than 0")
 
 
@@ -889,10 +1082,322 @@ def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
     if not isinstance(value, str):
         out.append(f"{path}.pattern: must be a string, got {_kind(value)}")
         return
+    if len(value) > PATTERN_MAX:
+        out.append(f"{path}.pattern: longer than {PATTERN_MAX} characters")
+        return
     try:
         re.compile(value)
     except re.error as exc:
         out.append(f"{path}.pattern: invalid regular expression: {exc}")
+        return
+    except (RecursionError, OverflowError, MemoryError, ValueError):
+        out.append(f"{path}.pattern: regular expression too complex")
+        return
+    problem = pattern_input_max(value)
+    if isinstance(problem, str):
+        out.append(f"{path}.pattern: {problem}")
+
+
+# ---------------------------------------------------------------------------------------
+# Pattern cost: how long a string a pattern may be matched against within the step budget
+
+
+class _Ambiguous(Exception):
+    """A repeated part of a pattern can match the same text in more than one way."""
+
+
+_INF = math.inf
+_ZERO_WIDTH = frozenset({_sre.AT, _sre.ASSERT, _sre.ASSERT_NOT})
+_REPEATS = frozenset(op for op in (getattr(_sre, "MAX_REPEAT"), getattr(_sre, "MIN_REPEAT"),
+                                   getattr(_sre, "POSSESSIVE_REPEAT", None)) if op is not None)
+_ATOMIC = getattr(_sre, "ATOMIC_GROUP", None)
+_IGNORECASE = _sre.SRE_FLAG_IGNORECASE
+_MULTILINE = _sre.SRE_FLAG_MULTILINE
+_MODE_FLAGS = _IGNORECASE | _MULTILINE      # the flags the cost estimate depends on
+_PATTERN_CACHE: dict[str, int | str] = {}
+
+
+def pattern_input_max(pattern: str) -> int | str:
+    """The longest string `pattern` may be searched in within PATTERN_STEPS_MAX, or why it is refused.
+
+    The pattern must compile. Cached: skills share patterns, and loading must stay cheap.
+    """
+    found = _PATTERN_CACHE.get(pattern)
+    if found is None:
+        try:
+            found = _input_max(pattern)
+        except _Ambiguous:
+            found = ("prone to catastrophic backtracking: a repeated part can match the same text "
+                     "in more than one way (nested quantifiers like (a+)+, overlapping alternatives "
+                     "like (a|ab)*)")
+        except (RecursionError, OverflowError, MemoryError, ValueError, re.error):
+            found = "regular expression too complex"
+        if len(_PATTERN_CACHE) >= CACHE_MAX:
+            _PATTERN_CACHE.clear()
+        _PATTERN_CACHE[pattern] = found
+    return found
+
+
+def _input_max(pattern: str) -> int | str:
+    parsed = _sre_parse.parse(pattern)
+    flags = parsed.state.flags
+    mode = flags & _MODE_FLAGS
+    first = parsed.data[0] if parsed.data else None
+    anchored = (first is not None and first[0] is _sre.AT and not flags & _sre.SRE_FLAG_MULTILINE
+                and first[1] in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING))
+
+    # The ways are bounded by c * n**k for input length n (computed once); each way is tried
+    # with a scan of up to the match's width, and re.search tries each start position unless
+    # the pattern is anchored. After the whole pattern nothing can fail: no character follows.
+    c, k = _ways(parsed.data, mode, _NOTHING)
+    width = parsed.getwidth()[1]
+
+    def steps(n: int) -> float:
+        try:
+            return c * float(n) ** k * min(width + 1, n + 1) * (1 if anchored else n + 1)
+        except OverflowError:
+            return _INF
+
+    if steps(PATTERN_INPUT_MAX) <= PATTERN_STEPS_MAX:
+        return PATTERN_INPUT_MAX
+    if steps(PATTERN_INPUT_MIN) > PATTERN_STEPS_MAX:
+        return (f"too slow to match: its backtracking grows too fast with the input length "
+                f"(fewer than {PATTERN_INPUT_MIN} characters could be checked in time)")
+    lo, hi = PATTERN_INPUT_MIN, PATTERN_INPUT_MAX      # steps(lo) fits, steps(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if steps(mid) <= PATTERN_STEPS_MAX else (lo, mid)
+    return lo
+
+
+# Ways are (c, k): at most c * n**k ways for an input of n characters (n >= 1).
+_ONE = (1.0, 0)
+
+
+def _times(a: tuple, b: tuple) -> tuple:
+    return a[0] * b[0], a[1] + b[1]
+
+
+def _count(choices: int) -> tuple:
+    """Ways for a choice among `choices` counts, at most one per input position."""
+    return (float(choices), 0) if choices <= PATTERN_INPUT_MAX else (1.0, 1)
+
+
+def _ways(items, mode: int, follow: "_Chars | None" = None) -> tuple:
+    """An upper bound (c, k) on the ways a sequence can match at one position of an n-character
+    string: c * n**k. `follow` is what can come right after the sequence (None = anything)."""
+    total = _ONE
+    for i, (op, av) in enumerate(items):
+        if op is _sre.SUBPATTERN or op is _ATOMIC or op is _sre.BRANCH or op in _REPEATS:
+            after = _follow(items[i + 1:], mode, follow)
+        if op is _sre.SUBPATTERN:
+            w = _ways(av[-1], mode | (av[1] & _MODE_FLAGS), after)
+        elif op is _ATOMIC:
+            w = _ways(av, mode, after)
+        elif op is _sre.ASSERT or op is _sre.ASSERT_NOT:
+            # Zero width, so the pattern's width does not count its scan: count it here.
+            w = _times(_ways(av[1].data, mode), _count(av[1].getwidth()[1] + 1))
+        elif op is _sre.BRANCH:
+            alternatives = av[1]
+            ws = [_ways(b, mode, after) for b in alternatives]
+            firsts = [_first(b, mode) for b in alternatives]
+            # Alternatives that start with distinct characters: at most one can go on.
+            if _disjoint(firsts):
+                w = (max(c for c, _ in ws), max(k for _, k in ws))
+            else:
+                w = (sum(c for c, _ in ws), max(k for _, k in ws))
+        elif op is _sre.GROUPREF_EXISTS:
+            yes, no = _ways(av[1], mode), _ways(av[2], mode) if av[2] else _ONE
+            w = (yes[0] + no[0], max(yes[1], no[1]))
+        elif op in _REPEATS:
+            w = _repeat_ways(av, mode, after)
+        else:
+            w = _ONE
+        total = _times(total, w)
+    return total
+
+
+def _repeat_ways(av, mode: int, after: "_Chars | None") -> tuple:
+    """Ways for a repeat {low,high} of body; raise _Ambiguous when iterations can split text several ways."""
+    low, high, body = av
+    if low != high and body.getwidth() == (1, 1) and _ways(body.data, mode) == _ONE:
+        chars = _first(body.data, mode)[0]
+        if after == _NOTHING or (chars is not None and after is not None and _chars_disjoint(chars, after)):
+            return _ONE       # a run of single characters that what follows cannot start: one way
+        if after == _AT_END:
+            return (2.0, 0)   # `$` holds at the end or before a final newline only
+    # Within the body, what follows its end is the next iteration or what comes after the repeat.
+    again = _first(body.data, mode)
+    inner_follow = None if again[0] is None or again[1] or after is None else _union(again[0], after)
+    wb = _ways(body.data, mode, inner_follow)
+    if high == low:
+        try:
+            return wb[0] ** low, wb[1] * low
+        except OverflowError:
+            return _INF, 0
+    # One way per start position means every iteration's end is forced, so only the number of
+    # iterations is a choice — unless the body can also match nothing, where iterations blur.
+    width_lo, width_hi = body.getwidth()
+    if wb != _ONE or (width_lo == 0 and width_hi != 0):
+        raise _Ambiguous()
+    return _count(high - low + 1)
+
+
+def _follow(rest, mode: int, follow: "_Chars | None") -> "_Chars | None":
+    """What can come after an item: the start of the rest of its sequence, or the sequence's follow."""
+    chars, nullable = _first(rest, mode)
+    if not nullable:
+        return chars
+    return None if chars is None or follow is None else _union(chars, follow)
+
+
+# A set of characters: (negated, literal code points, categories among space/digit/word).
+_Chars = tuple
+_NOTHING: _Chars = (False, frozenset(), frozenset())
+_CATEGORIES = {_sre.CATEGORY_DIGIT: "digit", _sre.CATEGORY_SPACE: "space", _sre.CATEGORY_WORD: "word"}
+_NOT_CATEGORIES = {_sre.CATEGORY_NOT_DIGIT: "digit", _sre.CATEGORY_NOT_SPACE: "space",
+                   _sre.CATEGORY_NOT_WORD: "word"}
+_IN_CATEGORY = {"digit": str.isdecimal, "space": str.isspace,
+                "word": lambda c: c.isalnum() or c == "_", "end": lambda c: False}
+_END = frozenset({_sre.AT_END, _sre.AT_END_STRING})
+# `$`: the end of the string, or a final newline; "end" is a category no character is in.
+_AT_END: _Chars = (False, frozenset((10,)), frozenset(("end",)))
+
+
+def _first(items, mode: int) -> "tuple[_Chars | None, bool]":
+    """The characters a sequence can start with (None = unknown) and whether it can match empty."""
+    chars: _Chars = _NOTHING
+    for op, av in items:
+        if op is _sre.AT and av in _END:   # with MULTILINE, `$` holds before any newline
+            f, nullable = (False, frozenset((10,)), frozenset()) if mode & _MULTILINE else _AT_END, False
+        elif op in _ZERO_WIDTH:
+            continue
+        elif op is _sre.SUBPATTERN:
+            f, nullable = _first(av[-1], mode | (av[1] & _MODE_FLAGS))
+        elif op is _ATOMIC:
+            f, nullable = _first(av, mode)
+        elif op is _sre.BRANCH:
+            parts = [_first(b, mode) for b in av[1]]
+            f = _NOTHING
+            for part in parts:
+                f = None if f is None or part[0] is None else _union(f, part[0])
+            nullable = any(p[1] for p in parts)
+        elif op in _REPEATS:
+            f, nullable = _first(av[2], mode)
+            nullable = nullable or av[0] == 0
+        elif op is _sre.LITERAL:
+            f, nullable = _caseless((False, frozenset((av,)), frozenset()), mode), False
+        elif op is _sre.NOT_LITERAL:
+            f, nullable = _caseless((True, frozenset((av,)), frozenset()), mode), False
+        elif op is _sre.IN:
+            f, nullable = _caseless(_class(av), mode), False
+        elif op is _sre.ANY:
+            f, nullable = (True, frozenset(), frozenset()), False
+        else:  # group references, conditionals: anything, possibly empty
+            f, nullable = None, True
+        chars = None if f is None or chars is None else _union(chars, f)
+        if chars is None or not nullable:
+            return chars, False
+    return chars, True
+
+
+# Non-ASCII characters an ASCII letter matches under IGNORECASE (Kelvin sign, long s, dotted
+# and dotless i), added to every letter's set: more characters only make the estimate safer.
+_CASE_EXTRA = frozenset((0x212A, 0x17F, 0x130, 0x131))
+
+
+def _caseless(chars: "_Chars | None", mode: int) -> "_Chars | None":
+    """A set under IGNORECASE: ASCII letters gain their other case; non-ASCII ones make it unknown."""
+    if chars is None or not mode & _IGNORECASE:
+        return chars
+    if any(c > 127 for c in chars[1]):
+        return None
+    letters = [chr(c) for c in chars[1] if chr(c).isalpha()]
+    if not letters:
+        return chars
+    more = {ord(x) for ch in letters for x in (ch.lower(), ch.upper())} | _CASE_EXTRA
+    return chars[0], chars[1] | more, chars[2]
+
+
+def _class(items) -> "_Chars | None":
+    """The set of a [...] class of literals, small ranges and categories; None when not that simple."""
+    return _class_of(tuple(items))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_of(items: tuple) -> "_Chars | None":
+    lits: set = set()
+    cats: set = set()
+    negated = False
+    for op, av in items:
+        if op is _sre.LITERAL:
+            lits.add(av)
+        elif op is _sre.RANGE and av[1] - av[0] <= 0x6000:      # CJK (U+4E00-9FFF) included
+            lits.update(range(av[0], av[1] + 1))
+        elif op is _sre.NEGATE:
+            negated = True
+        elif op is _sre.CATEGORY and av in _CATEGORIES:
+            cats.add(_CATEGORIES[av])
+        elif op is _sre.CATEGORY and av in _NOT_CATEGORIES and len(items) == 1:
+            return True, frozenset(), frozenset((_NOT_CATEGORIES[av],))       # \S, \D, \W
+        else:
+            return None
+    return negated, frozenset(lits), frozenset(cats)
+
+
+def _union(a: _Chars, b: _Chars) -> "_Chars | None":
+    """a | b, when it can be written as a set of this kind."""
+    if not a[0] and not b[0]:
+        return False, a[1] | b[1], a[2] | b[2]
+    if a == b or b == _NOTHING:
+        return a
+    if a == _NOTHING:
+        return b
+    return None
+
+
+def _has(chars: _Chars, c: int) -> bool:
+    """Whether a non-negated set holds the character c."""
+    return c in chars[1] or any(_IN_CATEGORY[k](chr(c)) for k in chars[2])
+
+
+def _covers(chars: _Chars, category: str) -> bool:
+    """Whether a non-negated set holds every character of a category."""
+    return category in chars[2] or (category == "digit" and "word" in chars[2])
+
+
+@functools.lru_cache(maxsize=1024)
+def _chars_disjoint(a: _Chars, b: _Chars) -> bool:
+    """Whether no character is in both sets (cached: large classes take milliseconds)."""
+    # "end" holds no character: only `$` itself compares with it (in _repeat_ways).
+    a, b = (a[0], a[1], a[2] - {"end"}), (b[0], b[1], b[2] - {"end"})
+    if a[0] and b[0]:
+        return False
+    if a[0]:
+        a, b = b, a
+    if b[0]:   # a within the complement of b's listed characters
+        listed = (False, b[1], b[2])
+        return (all(_covers(listed, k) for k in a[2])
+                and all(_has(listed, c) for c in a[1] - b[1]))
+    if a[1] & b[1] or _categories_of(a[1]) & b[2] or _categories_of(b[1]) & a[2]:
+        return False
+    return not any(x == y or {x, y} == {"digit", "word"} for x in a[2] for y in b[2])
+
+
+@functools.lru_cache(maxsize=256)
+def _categories_of(chars: frozenset) -> frozenset:
+    """The categories (space, digit, word) some of these characters are in."""
+    return frozenset(k for k, test in _IN_CATEGORY.items() if any(test(chr(c)) for c in chars))
+
+
+def _disjoint(firsts: "list[tuple[_Chars | None, bool]]") -> bool:
+    """True when no alternative can match empty and no two can start with the same character."""
+    for i, (chars, nullable) in enumerate(firsts):
+        if chars is None or nullable:
+            return False
+        if any(not _chars_disjoint(chars, other) for other, _ in firsts[:i]):
+            return False
+    return True
 
 
 _CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {

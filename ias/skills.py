@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import SkillError
-from .limits import SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
+from .limits import SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ class Skill:
     directory: Path
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
+    parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
 
     @property
     def high(self) -> bool:
@@ -47,8 +48,12 @@ SECTION_ALIASES = {
 }
 REQUIRED_SECTIONS = ("risk", "parameters", "execute")
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
-FENCE_RE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)\s*$")
-TIMEOUT_RE = re.compile(r"^(\d+)\s*(s|秒|seconds?)?$", re.IGNORECASE)
+# CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
+# the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
+HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]|$)")
+FENCE_RE = re.compile(r"^( {0,3})(`{3,}(?=[^`]*$)|~{3,})[ \t]*(\S*)")
+CLOSE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
+TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,40 +78,65 @@ def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], 
     sections: dict[str, _Section] = {}
     duplicates: list[str] = []
     current: _Section | None = None
-    fence: tuple[str, str, int, list[str]] | None = None   # (marker, lang, first line, lines)
-    for number, line in enumerate(text.splitlines(), 1):
+    fence: tuple[str, int, str, int, list[str]] | None = None   # (marker, indent, lang, first line, lines)
+    # Lines end at "\n" only: str.splitlines() would also split at \f, \v, \x85, U+2028...
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    for number, line in enumerate(lines, 1):
         if fence is not None:
-            marker, lang, first, body = fence
-            stripped = line.strip()
-            if stripped.startswith(marker[0] * len(marker)) and not stripped.strip(marker[0]):
+            marker, indent, lang, first, body = fence
+            close = CLOSE_RE.match(line) if line.lstrip(" ")[:1] == marker[0] else None
+            if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
                 if current is not None:
                     current.blocks.append(_Block(lang, "\n".join(body), first))
                 fence = None
             else:
-                body.append(line)
+                # Content lines lose up to the opening fence's indent (CommonMark).
+                body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
             continue
-        match = FENCE_RE.match(line)
-        if match:
-            fence = (match.group(1), match.group(2).lower(), number + 1, [])
-            continue
-        if line.startswith("## ") or line.rstrip() == "##":
-            heading = line[2:].strip().rstrip("#").strip()
+        lead = line[:1] if line[:1] != " " else line.lstrip(" ")[:1]   # prose skips the expressions
+        level, heading = 0, ""
+        if lead == "`" or lead == "~":
+            match = FENCE_RE.match(line)
+            if match:
+                fence = (match.group(2), len(match.group(1)), match.group(3).lower(), number + 1, [])
+                continue
+        elif lead == "#":
+            heading_match = HEADING_RE.match(line)
+            if heading_match:
+                level, heading = len(heading_match.group(1)), _heading_text(line[heading_match.end():])
+        if level == 2:
             key = SECTION_ALIASES.get(heading.lower(), "other:" + heading.lower())
             if key in sections and not key.startswith("other:"):
-                duplicates.append(f"{number}: duplicate section '## {heading}' (first at line {sections[key].line})")
+                duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
             current = _Section(heading, number, [], [])
             sections.setdefault(key, current)
             continue
         if current is None:
-            if not title and line.startswith("# "):
-                title = line[2:].strip()
+            if not title and level == 1 and heading:
+                title = heading
             else:
                 preamble.append((number, line))
         else:
             current.lines.append((number, line))
     if fence is not None:
-        duplicates.append(f"{fence[2] - 1}: unclosed code fence")
+        duplicates.append(f"{fence[3] - 1}: unclosed code fence")
     return title, preamble, sections, duplicates
+
+
+def _heading_text(rest: str) -> str:
+    """An ATX heading's text: stripped, without a closing run of #s (CommonMark)."""
+    rest = rest.strip(" \t")
+    bare = rest.rstrip("#")
+    if bare != rest and (not bare or bare[-1] in " \t"):
+        rest = bare.rstrip(" \t")
+    return rest
+
+
+def _clip(value: str, limit: int = 40) -> str:
+    """A value quoted in a message, cut short: a hostile file must not make a huge message."""
+    return value if len(value) <= limit else value[:limit] + "…"
 
 
 def _text(section: _Section) -> list[tuple[int, str]]:
@@ -139,7 +169,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
-    title, preamble, sections, structural = _split(text)
+    title, preamble, sections, structural = _split(text.removeprefix("\ufeff"))   # a BOM is no text
     problems.extend(f"{where}:{p}" for p in structural)
     description = "\n".join(line for _, line in preamble).strip() or title
     if not description:
@@ -159,21 +189,23 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
             risk = RISKS[value.lower()]
         else:
             line = lines[0][0] if lines else section.line
-            problems.append(f"{where}:{line}: unknown risk level '{value}' (expected Low or High)")
+            problems.append(f"{where}:{line}: unknown risk level '{_clip(value)}' (expected Low or High)")
 
     parameters: dict = {}
+    parameters_line = 1
     if "parameters" in sections:
         block = _one_block(sections["parameters"], ("json",), problems, where)
         if block is not None:
             try:
-                parameters = json.loads(block.text)
+                parameters = schema.loads(block.text)
             except json.JSONDecodeError as exc:
                 problems.append(f"{where}:{block.line + exc.lineno - 1}: invalid JSON in ## Parameters: {exc.msg}")
             else:
                 if not isinstance(parameters, dict) or parameters.get("type") != "object":
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
-                    problems.extend(f"{where}:{block.line}: {p}" for p in schema.check(parameters))
+                    problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in schema.check(parameters))
+                parameters_line = block.line
 
     execute = ""
     if "execute" in sections:
@@ -193,7 +225,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
             timeout = float(match.group(1))
         else:
             line = lines[0][0] if lines else section.line
-            problems.append(f"{where}:{line}: timeout must be whole seconds from 1 to {SKILL_TIMEOUT_MAX}, got '{value}'")
+            problems.append(f"{where}:{line}: timeout must be whole seconds from 1 to {SKILL_TIMEOUT_MAX}, got '{_clip(value)}'")
 
     env: list[str] = []
     if "env" in sections:
@@ -203,7 +235,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                 if not item:
                     continue
                 if not ENV_NAME_RE.match(item):
-                    problems.append(f"{where}:{number}: '{item}' is not an environment variable name")
+                    problems.append(f"{where}:{number}: '{_clip(item)}' is not an environment variable name")
                 elif item in RESERVED_ENV or item.startswith("IAS_PARAM_"):
                     problems.append(f"{where}:{number}: '{item}' is set by the runner and cannot be passed through")
                 elif item not in env:
@@ -213,17 +245,32 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
-                 directory=directory.resolve(), source=source)
+                 directory=directory.resolve(), source=source, parameters_line=parameters_line)
 
 
 def load_skill(directory: Path, source: str = "user") -> Skill:
-    """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem."""
+    """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is."""
     path = Path(directory) / "SKILL.md"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        if not path.is_file():    # not a FIFO or device, which could block or never end
+            raise OSError(f"not a regular file: {path}")
+        with path.open("rb") as f:
+            data = f.read(SKILL_FILE_MAX + 1)
+        if len(data) > SKILL_FILE_MAX:
+            raise SkillError([f"{path}:1: SKILL.md is larger than {SKILL_FILE_MAX // 1024} KiB"])
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SkillError([f"{path}:{line}: not UTF-8 (byte {exc.start})"]) from None
+    except OSError as exc:
         raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
-    return parse_skill(path, text, source)
+    try:
+        return parse_skill(path, text, source)
+    except SkillError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad skill must never stop the others
+        log.warning("skill %s: unexpected %s while loading", path, type(exc).__name__, exc_info=True)
+        raise SkillError([f"{path}:1: cannot load: {type(exc).__name__}: {str(exc)[:200]}"]) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +324,21 @@ def load_registry(system_dir: Path | None, user_dir: Path | None,
         skills[name] = skill
     for warning in warnings:
         log.warning("%s", warning)
+    # For `skills check`, not the log: every command would repeat them.
+    warnings.extend(w for skill in skills.values() if skill.high for w in _untitled(skill))
     return Registry(skills, tuple(problems), tuple(warnings))
+
+
+def _untitled(skill: Skill) -> list[str]:
+    """A warning naming a High skill's parameters without a `title` (their label for the owner)."""
+    props = skill.parameters.get("properties")
+    if not isinstance(props, dict):
+        return []
+    untitled = [key for key, sub in props.items() if not (isinstance(sub, dict) and isinstance(sub.get("title"), str))]
+    if not untitled:
+        return []
+    return [f"{skill.directory / 'SKILL.md'}:{skill.parameters_line}: High skill parameters without a title "
+            f"(their label in the approval message): {', '.join(untitled)}"]
 
 
 def registry(config) -> Registry:

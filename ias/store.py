@@ -4,11 +4,28 @@ Autocommit connections from a small pool; `transaction()` only where a state cha
 audit row must commit together. Every approval transition is one compare-and-set UPDATE
 (`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
 both win. Not handled: schema migrations beyond the idempotent `schema.sql`.
+
+Every value is storable (the boundary rule). Each connection's adapters pass every `str`
+parameter and every Jsonb value through `storable()` on the way in:
+- text: a NUL character or a lone surrogate (invalid UTF-8 decoded with surrogateescape,
+  `"\\ud800"` in model JSON) becomes U+FFFD, the replacement character; a valid surrogate pair
+  becomes the character it encodes. The same rule applies to JSON strings and object keys
+  (two keys that become equal keep the last value);
+- JSON numbers: NaN, Infinity and -Infinity become the strings "NaN", "Infinity", "-Infinity";
+- JSON nesting deeper than STORED_JSON_DEPTH: the deeper part becomes the string
+  TOO_DEEP, walked without recursion, so no input raises RecursionError here.
+Lookups use the same adapters, so a key written with such characters is found again. Only
+storage is sanitised: callers keep their original values (what the model sees). An approval's
+code HMAC is computed over the params as stored (read back), so a code still verifies.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
+import re
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -19,17 +36,19 @@ from typing import Any, AsyncIterator, Callable
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
+from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from .errors import StoreError
+from .limits import STORED_JSON_DEPTH
 
 log = logging.getLogger(__name__)
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
+POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
-INSTANCE_LOCK = 730819         # advisory lock (with the schema's hash) held by the running daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +134,70 @@ _RUN_FIELDS = ", ".join(f.name for f in fields(TaskRun))
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
                  f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
+TOO_DEEP = "…(nested too deep to store)"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _text(value: str) -> str:
+    """`value` with NUL and lone surrogates replaced by U+FFFD (surrogate pairs joined)."""
+    if _UNSTORABLE.search(value) is None:
+        return value
+    joined = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return joined.replace("\x00", "\ufffd")
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE.get(value, "NaN")
+    return value
+
+
+def storable(value: Any) -> Any:
+    """A copy of a JSON-like value that PostgreSQL accepts (the rule in the module docstring)."""
+    if not isinstance(value, (dict, list, tuple)):
+        return _scalar(value)
+    root: list = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(root, 0, value, 1)]    # (container, slot, value, depth)
+    while stack:
+        parent, slot, item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)):
+            parent[slot] = _scalar(item)
+        elif depth > STORED_JSON_DEPTH:
+            parent[slot] = TOO_DEEP
+        elif isinstance(item, dict):
+            parent[slot] = copy = dict.fromkeys(_scalar(key) for key in item)
+            # Pushed in reverse, popped in order: of two keys made equal, the last one's value wins.
+            stack.extend((copy, _scalar(key), child, depth + 1) for key, child in reversed(item.items()))
+        else:
+            parent[slot] = copy = [None] * len(item)
+            stack.extend((copy, i, child, depth + 1) for i, child in enumerate(item))
+    return root[0]
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(storable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class _StorableStr(StrDumperUnknown):
+    def dump(self, obj: str):
+        return super().dump(_text(obj))
+
+
+class _StorableStrBinary(StrBinaryDumper):
+    def dump(self, obj: str):
+        return super().dump(_text(obj))
+
+
+def _make_storable(conn: psycopg.AsyncConnection) -> None:
+    """Route this connection's text and JSON parameters through the sanitiser (the store boundary)."""
+    conn.adapters.register_dumper(str, _StorableStrBinary)
+    conn.adapters.register_dumper(str, _StorableStr)          # last: the one `%s` uses
+    set_json_dumps(_json_text, conn)
+
+
 _APPROVAL_FIELDS = "id, created_at, expires_at, user_id, skill_name, params, code_hash, attempts_left, status, result, consumed_at"
 
 
@@ -122,6 +205,11 @@ def _audit_values(entry: AuditEntry) -> list:
     values = [getattr(entry, name) for name in _AUDIT_COLUMNS]
     values[_AUDIT_COLUMNS.index("params")] = None if entry.params is None else Jsonb(entry.params)
     return values
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _approval(row: dict | None) -> Approval | None:
@@ -134,9 +222,9 @@ class Store:
     def __init__(self, dsn: str, pool_size: int = POOL_SIZE):
         self.dsn = dsn
         self._size = pool_size
-        self._idle: list[psycopg.AsyncConnection] = []
+        self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
+        self._closing: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(pool_size)
-        self._lock_conn: psycopg.AsyncConnection | None = None
         self._listen_conn: psycopg.AsyncConnection | None = None
 
     @classmethod
@@ -154,15 +242,19 @@ class Store:
 
     async def _connect(self) -> psycopg.AsyncConnection:
         try:
-            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
                                                          connect_timeout=CONNECT_TIMEOUT)
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {str(exc).strip().splitlines()[0]}") from None
+            raise StoreError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
+        except (psycopg.Error, UnicodeError) as exc:     # a malformed DSN (ProgrammingError), or not UTF-8
+            raise StoreError(f"invalid database connection string: {_first_line(exc)}") from None
+        _make_storable(conn)
+        return conn
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = self._idle.pop()[0] if self._idle else await self._connect()
             try:
                 yield conn
             except psycopg.OperationalError as exc:
@@ -173,7 +265,24 @@ class Store:
                 if conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
                     await conn.close()
                 else:
-                    self._idle.append(conn)
+                    self._idle.append((conn, time.monotonic()))
+                    asyncio.get_running_loop().call_later(POOL_IDLE_CLOSE, self._close_idle)
+
+    @property
+    def idle_connections(self) -> int:
+        """Pooled connections open and unused right now (the LISTEN connection not counted)."""
+        return len(self._idle)
+
+    def _close_idle(self) -> None:
+        """Close connections unused for POOL_IDLE_CLOSE seconds: each idle backend costs the server
+        a few MB, and an idle daemon needs none but its LISTEN connection."""
+        cutoff = time.monotonic() - POOL_IDLE_CLOSE + 0.01
+        stale = [conn for conn, returned in self._idle if returned <= cutoff]
+        self._idle = [(conn, returned) for conn, returned in self._idle if returned > cutoff]
+        for conn in stale:
+            task = asyncio.ensure_future(conn.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -181,25 +290,25 @@ class Store:
             yield conn
 
     async def close(self) -> None:
-        for conn in self._idle:
+        for conn, _ in self._idle:
             await conn.close()
         self._idle.clear()
-        for conn in (self._lock_conn, self._listen_conn):
-            if conn is not None:
-                await conn.close()
-        self._lock_conn = self._listen_conn = None
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._listen_conn is not None:
+            await self._listen_conn.close()
+        self._listen_conn = None
 
-    # -- daemon instance ------------------------------------------------------------------
-    async def lock_instance(self) -> bool:
-        """Hold a session advisory lock for the life of the daemon; False if another holds it."""
-        conn = await self._connect()
-        # Per database (advisory locks are) and per schema, so separate installations never collide.
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema())) AS ok", (INSTANCE_LOCK,))
-        if not (await cur.fetchone())["ok"]:
+    async def reconnect(self) -> None:
+        """Drop the idle connections (they may predate an outage) and check that a new one works.
+
+        Raises StoreError while the database is unreachable.
+        """
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
             await conn.close()
-            return False
-        self._lock_conn = conn
-        return True
+        async with self._conn() as conn:
+            await conn.execute("SELECT 1")
 
     # -- audit ----------------------------------------------------------------------------
     async def audit(self, entry: AuditEntry) -> None:
@@ -219,6 +328,15 @@ class Store:
             cur = await conn.execute(
                 "SELECT id, prev_hash, hash, audit_digest(a) AS digest FROM audit_log a ORDER BY id")
             return [(r["id"], r["prev_hash"], r["hash"], r["digest"]) for r in await cur.fetchall()]
+
+    async def unfinished_calls(self) -> list[AuditRow]:
+        """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares, oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM audit_log s WHERE s.event = 'skill_started' AND s.detail LIKE 'call=%%' "
+                "AND NOT EXISTS (SELECT 1 FROM audit_log f WHERE f.event IN ('skill_finished', 'skill_interrupted') "
+                "AND f.detail = s.detail) ORDER BY s.id")
+            return [AuditRow(**row) for row in await cur.fetchall()]
 
     # -- approvals --------------------------------------------------------------------------
     async def create_approval(self, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict,
@@ -446,12 +564,18 @@ class Store:
         would keep an idle daemon busy.
         """
         if self._listen_conn is None or self._listen_conn.closed:
-            self._listen_conn = await self._connect()
-            await self._listen_conn.execute("LISTEN ias_tasks")
+            conn = await self._connect()
+            try:
+                await conn.execute("LISTEN ias_tasks")
+            except psycopg.OperationalError as exc:     # the server went away in between
+                await conn.close()
+                raise StoreError(f"cannot LISTEN: {str(exc).strip().splitlines()[0]}") from None
+            self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
-        loop.add_reader(pgconn.socket, readable.set)
+        fd = pgconn.socket          # read once: a lost connection has no socket left to ask for
+        loop.add_reader(fd, readable.set)
         try:
             while True:
                 pgconn.consume_input()
@@ -469,4 +593,4 @@ class Store:
             self._listen_conn = None
             raise StoreError(f"lost the LISTEN connection: {str(exc).strip().splitlines()[0]}") from None
         finally:
-            loop.remove_reader(pgconn.socket)
+            loop.remove_reader(fd)

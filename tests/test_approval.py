@@ -3,6 +3,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import unittest
@@ -10,13 +11,17 @@ import uuid
 from pathlib import Path
 
 from ias import approval
-from ias.approval import Approvals, code_hash, escape_visible, load_key, parse_reply, render
+from ias.approval import Approvals, TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
-from tests.support import FakeOwner, GateTestCase, StoreTestCase, capture_logs
+from tests import test_agent
+from tests.servers.llm import calls, text
+from tests.support import CODE_LINE, FakeOwner, GateTestCase, StoreTestCase, capture_logs
 
 REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"}
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
+TOO_LONG = {"success": False, "error": "参数过长，无法请求确认：mark_high"}
+TOO_MANY = {"success": False, "error": "本轮待确认操作过多，未请求确认：mark_high"}
 
 
 class ReplyGrammarTest(unittest.TestCase):
@@ -42,13 +47,59 @@ class ReplyGrammarTest(unittest.TestCase):
         self.assertEqual(escape_visible("a\nb\tc\u202ed\u200be\x00"), "a\\nb\\tc\\u202ed\\u200be\\u0000")
         self.assertEqual(escape_visible("rm -rf ~/照片"), "rm -rf ~/照片")
 
+    def test_blank_looking_characters_are_escaped(self):
+        for char in ("\u3000", "\u115f", "\u1160", "\u3164", "\uffa0", "\u2800", "\u00a0", "\u2007", "\u202f",
+                     "\u205f", "\u1680", "\u200b", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u061c", "\u2028",
+                     "\u2029", "\u202e", "\u2066", "\u180e", "\ufe0f", "\U000e0041", "\U000e0100", "\u034f",
+                     "\u17b4", "\u303f", "\ue000", "\U000f0000", "\x85", "\x7f", "\udc80"):
+            with self.subTest(char=hex(ord(char))):
+                shown = escape_visible(f"ls{char}x")
+                self.assertNotIn(char, shown)
+                self.assertRegex(shown, r"^ls\\[uU][0-9a-f]{4,8}x$")
+
+    def test_combining_marks_runs_and_space_padding(self):
+        self.assertEqual(escape_visible("café"), "café")                  # e + U+0301 on its base: as is
+        self.assertEqual(escape_visible("ệ"), "ệ")                  # two marks: as is
+        zalgo = "a" + "\u0301\u0302\u0303\u0304\u0305"
+        self.assertEqual(escape_visible(zalgo), "a\\u0301\\u0302\\u0303\\u0304\\u0305")
+        self.assertEqual(escape_visible("\u0301x"), "\\u0301x")            # no base to sit on
+        self.assertEqual(escape_visible("a" + " " * 8 + "b"), "a" + " " * 8 + "b")
+        self.assertEqual(escape_visible("a" + " " * 9 + "b"), "a" + "\\u0020" * 9 + "b")
+
+    def test_backslashes_that_read_as_escapes_are_doubled(self):
+        self.assertEqual(escape_visible("a\\nb"), "a\\\\nb")                 # a real backslash-n, not a newline
+        self.assertEqual(escape_visible("\\u202e"), "\\\\u202e")
+        self.assertEqual(escape_visible("C:\\Program Files\\x"), "C:\\Program Files\\x")
+        self.assertNotEqual(escape_visible("a\\nb"), escape_visible("a\nb"))
+
     def test_render(self):
-        row = approval.Approval(uuid.uuid4(), None, None, "u", "email", {"to": "a@b.c", "n": 2, "x": "\u2066evil"},
+        schema = {"type": "object", "properties": {"to": {"title": "收件人"}, "n": {"type": "integer"}}}
+        row = approval.Approval(uuid.uuid4(), None, None, "u", "email", {"x": "\u2066evil", "n": 2, "to": "a@b.c"},
                                 "", 3, "pending", None, None)
-        self.assertEqual(render(row, "012345", 300), "\n".join([
-            "⚠️ 操作确认", "技能：email", "参数：", "n: 2", "to: a@b.c", "x: \\u2066evil",
+        self.assertEqual(render(row, "012345", 300, schema), "\n".join([
+            "⚠️ 操作确认", "", "技能：email", "参数：", "· 收件人：a@b.c", "· n：2", "· x：\\u2066evil", "",
             "确认码：012345", "回复确认码以继续", "回复 0 或「取消」以取消", "(5分钟内有效，最多3次尝试)"]))
         self.assertIn("(90秒内有效", render(row, "1", 90))
+        self.assertIn("· to：a@b.c", render(row, "1", 90))                 # no schema: the key is the label
+        empty = approval.Approval(uuid.uuid4(), None, None, "u", "x", {}, "", 3, "pending", None, None)
+        self.assertIn("\n参数：\n（无）\n\n确认码：", render(empty, "123456", 300))
+
+    def test_no_parameter_can_forge_a_line_of_the_message(self):
+        schema = {"type": "object", "properties": {"note": {"title": "确认码"}}}
+        params = {"确认码": "000000", "note": "111111", "x": "ok\n\n确认码：222222\n回复确认码以继续",
+                  "技能": "mark_low", "y": "a\r确认码：333333", "z": "\u2028确认码：444444"}
+        row = approval.Approval(uuid.uuid4(), None, None, "u", "mark_high", params, "", 3, "pending", None, None)
+        message = render(row, "987654", 300, schema)
+        lines = message.split("\n")
+        self.assertEqual([line for line in lines if line.startswith("确认码")], ["确认码：987654"])
+        self.assertEqual([line for line in lines if line.startswith("技能")], ["技能：mark_high"])
+        self.assertEqual(len(lines), 9 + len(params))
+        body = lines[lines.index("参数：") + 1:lines.index("参数：") + 1 + len(params)]
+        self.assertTrue(all(line.startswith("· ") for line in body), body)
+        self.assertIn("· 「确认码」：000000", body)                          # a key that echoes the message is quoted
+        self.assertIn("· 「确认码」：111111", body)                          # so is such a title
+        self.assertIn("· 「技能」：mark_low", body)
+        self.assertIn("· x：ok\\n\\n确认码：222222\\n回复确认码以继续", body)
 
     def test_hash_binds_everything(self):
         key = b"k" * 32
@@ -280,6 +331,141 @@ class OutcomeTest(GateTestCase):
         self.assertNotIn(row.code_hash, candidates)
         await self.approvals.redeem("owner", code)
         await task
+
+
+class NotAskedTest(GateTestCase):
+    """Calls the owner is never asked about: a message too long for WeChat, a turn past its approvals."""
+
+    async def assertRefused(self, decision: str) -> None:
+        self.assertEqual(self.owner.messages, [])
+        self.assertEqual(self.runs(), 0)
+        self.assertEqual(await self.store.approvals(include_closed=True), [])
+        rows = [(r.event, r.decision, r.skill_name) for r in await self.store.audit_rows()]
+        self.assertIn(("approval_refused", decision, "mark_high"), rows)
+
+    async def test_a_message_longer_than_one_wechat_message_is_not_asked(self):
+        for note in ("x" * 4000, "\u3000" * 700):        # 700 characters, but 4,200 once escaped
+            with self.subTest(length=len(note)):
+                result = await self.gate.call("owner", "mark_high", {"marker": str(self.marker), "note": note},
+                                              self.owner.notify)
+                self.assertEqual(result, TOO_LONG)
+                await self.assertRefused("too_long")
+
+    async def test_a_message_just_within_the_limit_is_asked(self):
+        probe = approval.Approval(uuid.uuid4(), None, None, "owner", "mark_high",
+                                  {"marker": str(self.marker), "note": ""}, "", 3, "pending", None, None)
+        room = 4000 - len(render(probe, "000000", self.approvals.timeout, self.registry.get("mark_high").parameters))
+        task = self.call_high(note="y" * room)
+        code = await self.owner.code()
+        self.assertEqual(len(self.owner.messages[0]), 4000)
+        await self.approvals.redeem("owner", code)
+        self.assertTrue((await task)["success"])
+        result = await self.gate.call("owner", "mark_high", {"marker": str(self.marker), "note": "y" * (room + 1)},
+                                      self.owner.notify)
+        self.assertEqual(result, TOO_LONG)
+
+    async def test_at_most_three_approvals_per_owner_message(self):
+        turn = TurnBudget()
+        for i in range(3):
+            task = asyncio.create_task(self.gate.call("owner", "mark_high", {"marker": str(self.marker), "note": str(i)},
+                                                      self.owner.notify, turn))
+            await self.approvals.redeem("owner", await self.owner.code())
+            self.assertTrue((await task)["success"])
+        for _ in range(2):
+            result = await self.gate.call("owner", "mark_high", {"marker": str(self.marker), "note": "more"},
+                                          self.owner.notify, turn)
+            self.assertEqual(result, TOO_MANY)
+        self.assertEqual((len(self.owner.messages), self.runs()), (3, 3))
+        self.assertEqual(len(await self.store.approvals(include_closed=True)), 3)
+        refused = [r.decision for r in await self.store.audit_rows() if r.event == "approval_refused"]
+        self.assertEqual(refused, ["too_many", "too_many"])
+        # Low calls are not counted, and the next owner message starts afresh.
+        self.assertTrue((await self.gate.call("owner", "echo_low", {}, self.owner.notify, turn))["success"])
+        task = asyncio.create_task(self.gate.call("owner", "mark_high", {"marker": str(self.marker)},
+                                                  self.owner.notify, TurnBudget()))
+        await self.approvals.redeem("owner", await self.owner.code())
+        self.assertTrue((await task)["success"])
+
+
+class ApprovingOwner(FakeOwner):
+    """An owner who answers every confirmation message with its code (or with `reply`)."""
+
+    def __init__(self, approvals: Approvals, reply: str | None = None):
+        super().__init__()
+        self.approvals = approvals
+        self.reply = reply
+        self.codes: list[str] = []
+        self.answers: list[asyncio.Task] = []
+
+    async def notify(self, text: str) -> bool:
+        await super().notify(text)
+        code = CODE_LINE.search(text).group(1)
+        self.codes.append(code)
+        self.answers.append(asyncio.create_task(self.approvals.redeem("owner", self.reply or code)))
+        return True
+
+
+# Words about confirmations, approvals or codes; none may reach the model. The only exceptions
+# are SPEC's fixed result strings, which say that a call did not run.
+TELLTALES = re.compile(r"(?i)确认|审批|批准|验证码|授权码|approv|confirm|\bcodes?\b|\b2fa\b|\botp\b")
+RESULT_STRINGS = ("用户拒绝了你的调用：", "用户没有确认操作：", "参数过长，无法请求确认：", "本轮待确认操作过多，未请求确认：")
+
+
+class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
+    """Every request body the model endpoint receives during High calls, scanned for approval talk."""
+
+    def assertModelHeardNothing(self, codes: list[str]) -> None:
+        self.assertTrue(self.server.requests)
+        for request in self.server.requests:
+            body = json.dumps(request, ensure_ascii=False)
+            for fixed in RESULT_STRINGS:
+                body = body.replace(fixed, "")
+            self.assertIsNone(TELLTALES.search(body), TELLTALES.search(body) and
+                              body[max(0, TELLTALES.search(body).start() - 80):TELLTALES.search(body).end() + 80])
+            for code in codes:
+                self.assertNotIn(code, body)
+
+    def test_no_shipped_tool_definition_mentions_them(self):
+        from ias.agent import tool_spec
+        from ias.skills import load_registry
+        registry = load_registry(test_agent.REPO / "resources" / "skills", test_agent.REPO / "skills")
+        self.assertGreaterEqual(len(list(registry)), 10)
+        for skill in registry:
+            spec = json.dumps(tool_spec(skill), ensure_ascii=False)
+            self.assertIsNone(TELLTALES.search(spec), skill.name)
+
+    async def test_five_high_calls_in_one_reply(self):
+        owner = ApprovingOwner(self.approvals)
+        self.server.script(calls(*[("mark_high", {"marker": str(self.marker), "note": f"n{i}"}) for i in range(5)]),
+                           text("好了。"))
+        self.assertEqual(await self.agent.turn("owner", "标记五次", owner.notify), "好了。")
+        await asyncio.gather(*owner.answers)
+        self.assertEqual((len(owner.messages), self.runs()), (3, 3))
+        results = [json.loads(m["content"]) for m in self.tool_messages()]
+        self.assertEqual(results, [{"success": True, "note": f"n{i}"} for i in range(3)] + [TOO_MANY] * 2)
+        self.assertModelHeardNothing(owner.codes)
+        # The next owner message may ask again.
+        self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "again"})), text("又标记了。"))
+        self.assertEqual(await self.agent.turn("owner", "再来一次", owner.notify), "又标记了。")
+        self.assertEqual(self.runs(), 4)
+        self.assertModelHeardNothing(owner.codes)
+
+    async def test_rejected_expired_and_too_long(self):
+        self.approvals.timeout = 0.3
+        canceller = ApprovingOwner(self.approvals, reply="0")
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)}),
+                                 ("mark_high", {"marker": str(self.marker), "note": "z" * 5000})), text("没做。"))
+        await self.agent.turn("owner", "标记", canceller.notify)
+        await asyncio.gather(*canceller.answers)
+        silent = FakeOwner()
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没人回。"))
+        await self.agent.turn("owner", "标记", silent.notify)
+        results = [json.loads(m["content"]) for m in self.tool_messages()]
+        self.assertEqual(results, [REJECTED, TOO_LONG, EXPIRED])
+        self.assertEqual(self.runs(), 0)
+        codes = canceller.codes + [CODE_LINE.search(m).group(1) for m in silent.messages]
+        self.assertEqual(len(codes), 2)
+        self.assertModelHeardNothing(codes)
 
 
 class CodeSecrecyTest(GateTestCase):

@@ -57,27 +57,7 @@ class RunTest(CliTestCase):
 
     def test_high_skill_confirmed_on_the_terminal(self):
         marker = self.tmp / "marker"
-        master, slave = pty.openpty()
-        proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "run", "mark_high",
-                                 json.dumps({"marker": str(marker), "note": "typed"})],
-                                stdin=slave, stderr=slave, stdout=subprocess.PIPE, env=self.env, cwd=self.tmp)
-        os.close(slave)
-        try:
-            screen = b""
-            deadline = time.monotonic() + 30
-            while b"(5\xe5\x88\x86" not in screen and time.monotonic() < deadline:
-                ready, _, _ = select.select([master], [], [], 1)
-                if ready:
-                    screen += os.read(master, 4096)
-            text = screen.decode()
-            self.assertIn("⚠️ 操作确认", text)
-            self.assertIn("note: typed", text)
-            code = re.search(r"确认码：(\d{6})", text).group(1)
-            os.write(master, code.encode() + b"\n")
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            proc.kill()
-            os.close(master)
+        out, code = self.confirm_on_terminal(marker)
         self.assertEqual(json.loads(out), {"success": True, "note": "typed"})
         self.assertEqual(marker.read_text(), "typed\n")
 
@@ -92,6 +72,46 @@ class RunTest(CliTestCase):
         verify = self.ias("audit", "--verify")
         self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
 
+    def test_invalid_utf8_typed_at_the_prompt(self):
+        """The terminal's console survives bytes that are not UTF-8, and the code still works."""
+        marker = self.tmp / "marker"
+        out, _ = self.confirm_on_terminal(marker, junk=b"\xff\xfe \xe4\xbd\n")
+        self.assertEqual(json.loads(out), {"success": True, "note": "typed"})
+        self.assertEqual(marker.read_text(), "typed\n")
+
+    def confirm_on_terminal(self, marker: Path, junk: bytes = b"") -> tuple[bytes, str]:
+        """`run mark_high` on a pty: type `junk` (answered with a hint), then the code; (stdout, code)."""
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "run", "mark_high",
+                                 json.dumps({"marker": str(marker), "note": "typed"})],
+                                stdin=slave, stderr=slave, stdout=subprocess.PIPE, env=self.env, cwd=self.tmp)
+        os.close(slave)
+        try:
+            text = read_until(master, "分钟内有效").decode()
+            self.assertIn("⚠️ 操作确认", text)
+            self.assertIn("· note：typed", text)
+            code = re.search(r"确认码：(\d{6})", text).group(1)
+            if junk:
+                os.write(master, junk)
+                self.assertIn("请回复 6 位确认码".encode(), read_until(master, "请回复 6 位确认码"))
+            os.write(master, code.encode() + b"\n")
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            os.close(master)
+        return out, code
+
+
+def read_until(fd: int, needle: str, timeout: float = 30) -> bytes:
+    """What a pty shows until `needle` appears (or the timeout passes)."""
+    screen = b""
+    deadline = time.monotonic() + timeout
+    while needle.encode() not in screen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            screen += os.read(fd, 4096)
+    return screen
+
 
 class AuditCommandTest(CliTestCase):
     def test_verify_fails_after_tampering(self):
@@ -104,6 +124,109 @@ class AuditCommandTest(CliTestCase):
         verify = self.ias("audit", "--verify")
         self.assertEqual(verify.returncode, 1)
         self.assertIn("row altered", verify.stdout)
+
+
+class BadInputTest(CliTestCase):
+    """No command-line input gives a traceback: one line on stderr, exit 2 for usage errors, else 1."""
+
+    def assert_one_line(self, result: subprocess.CompletedProcess, code: int, needle: str) -> None:
+        self.assertEqual(result.returncode, code, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("internal error", result.stderr)     # a known case is handled where it happens
+        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+        self.assertIn(needle, result.stderr)
+
+    def test_usage_errors(self):
+        for args, needle in [(["audit", "--limit", "-1"], "--limit: must be between 0 and"),
+                             (["audit", "--limit", "99999999999999999999"], "--limit: must be between 0 and"),
+                             (["audit", "--limit", "9" * 5000], "--limit: not a whole number"),
+                             (["audit", "--limit", "ten"], "--limit: not a whole number"),
+                             (["tasks", "remove", "99999999999999999999"], "id: must be between 0 and"),
+                             (["nosuchcommand"], "invalid choice"),
+                             (["run"], "required: name")]:
+            with self.subTest(args=args[:3]):
+                self.assert_one_line(self.ias(*args), 2, needle)
+
+    def test_unusable_json_parameters(self):
+        for params, needle in [("[" * 100_000, "nested deeper than 64 levels"),
+                               ('{"format": ' + "9" * 5000 + "}", "number with more than 100 digits"),
+                               ("{oops", "not valid JSON")]:
+            with self.subTest(params=params[:20]):
+                self.assert_one_line(self.ias("run", "get_current_datetime", params), 2, needle)
+        # The same text in a /run message (as from WeChat or the model) is an invalid call, not a crash.
+        for params, why in [("[" * 100_000, "nested deeper than 64 levels"),
+                            ('{"n": ' + "9" * 5000 + "}", "number with more than 100 digits")]:
+            once = self.ias("--once", f"/run get_current_datetime {params}")
+            self.assertEqual((once.returncode, once.stderr), (0, ""))
+            self.assertEqual(json.loads(once.stdout)["error"], f"参数错误：$: arguments are not valid JSON ({why})")
+        deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # well-formed, but deeper than allowed
+        self.assert_one_line(deep, 2, "nested deeper than 64 levels")
+
+    def test_junk_database_url(self):
+        for url, needle in [("junk", 'invalid database connection string: missing "=" after "junk"'),
+                            ("postgresql://[::1", "invalid database connection string"),
+                            ("host=/tmp/\udcff", "IAS_DATABASE_URL is not valid UTF-8"),
+                            ("host=/nonexistent", "cannot connect to PostgreSQL")]:
+            with self.subTest(url=url):
+                self.env["IAS_DATABASE_URL"] = url
+                self.assert_one_line(self.ias("audit"), 1, needle)
+
+    def test_junk_config_and_environment(self):
+        (self.tmp / "a-file").write_text("")
+        (self.tmp / "latin1.toml").write_bytes(b'model = "caf\xe9"\n')
+        (self.tmp / "deep.toml").write_text("model = " + "[" * 100_000)
+        (self.tmp / "bad.toml").write_text("model = \n")
+        for args, env, needle in [(["--config", "missing.toml"], {}, "cannot read config"),
+                                  (["--config", "latin1.toml"], {}, "not UTF-8"),
+                                  (["--config", "deep.toml"], {}, "nested too deeply"),
+                                  (["--config", "bad.toml"], {}, "bad.toml"),
+                                  (["--config", "\udcff.toml"], {}, "cannot read config"),
+                                  ([], {"IAS_APPROVAL_TIMEOUT": "soon"}, "IAS_APPROVAL_TIMEOUT"),
+                                  ([], {"IAS_APPROVAL_TIMEOUT": "nan"}, "IAS_APPROVAL_TIMEOUT"),
+                                  ([], {"IAS_MODEL": "caf\udce9"}, "IAS_MODEL is not valid UTF-8"),
+                                  ([], {"IAS_DATA_DIR": "a-file"}, "cannot create the directory of secret key"),
+                                  ([], {"OPENAI_API_KEY": "sk-\udcff"}, "OPENAI_API_KEY is not valid UTF-8")]:
+            with self.subTest(args=args, env=env):
+                self.env.update(env)
+                self.assert_one_line(self.ias(*args, "run", "get_current_datetime"), 1, needle)
+                for name in env:
+                    del self.env[name]
+
+    def test_invalid_utf8_arguments(self):
+        """Arguments that are not UTF-8 are read with replacement characters, stored and printed."""
+        result = self.ias("run", "\udcff\udcfe", "{}")          # the bytes ff fe on the command line
+        self.assertEqual((result.returncode, result.stderr), (1, ""))
+        self.assertEqual(json.loads(result.stdout), {"success": False, "error": "未知技能：\ufffd\ufffd"})
+        result = self.ias("run", "get_current_datetime", '{"format": "\udcff"}')
+        self.assertEqual(result.returncode, 1)
+        self.assertTrue(json.loads(result.stdout)["error"].startswith("参数错误：$.format"))
+        added = self.ias("tasks", "add", "--name", "n\udcff", "--schedule", "every 1h", "--text", "t\udce4\udcbd")
+        self.assertEqual(added.returncode, 0, added.stderr)
+        listed = self.ias("tasks", "list", "--json")
+        [task] = json.loads(listed.stdout)
+        self.assertEqual((task["name"], task["text"]), ("n\ufffd", "t\ufffd"))
+        audit = self.ias("audit")
+        self.assertIn("skill=\ufffd\ufffd", audit.stdout)
+        self.assertEqual(self.ias("audit", "--verify").returncode, 0)
+
+    def test_bad_task_requests(self):
+        self.assertEqual(self.ias("tasks", "add", "--name", "n", "--schedule", "every 1h", "--text", "t").returncode, 0)
+        for args, needle in [(["update", "1", "--schedule", "every 1x"], "bad interval"),
+                             (["update", "1", "--schedule", "2026-02-30 08:00"], "day is out of range"),
+                             (["update", "7", "--text", "x"], "no task with id 7"),
+                             (["add", "--name", "n", "--schedule", "*/0 * * * *", "--text", "t"], "step must be")]:
+            with self.subTest(args=args):
+                self.assert_one_line(self.ias("tasks", *args), 1, needle)
+
+    def test_closed_stdout(self):
+        read_end, write_end = os.pipe()
+        os.close(read_end)                                   # like `| head -1` that has already exited
+        try:
+            result = subprocess.run([sys.executable, str(REPO / "ias.py"), "skills", "--json"], stdout=write_end,
+                                    stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp, timeout=60)
+        finally:
+            os.close(write_end)
+        self.assert_one_line(result, 1, "broken pipe")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Cron expressions and schedules: hand-computed firing times in Asia/Shanghai (no database)."""
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import importlib.util
 import sys
 import unittest
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from unittest import mock
 from zoneinfo import ZoneInfoNotFoundError
 
 import ias.cron
-from ias.cron import TZ, Schedule, describe, next_after, parse_schedule
+from ias.cron import TZ, CronError, Schedule, describe, next_after, parse_schedule
 
 UTC = timezone.utc
 
@@ -195,6 +196,38 @@ class CronFieldTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "year 10000"):
                 next_after("0 0 1 1 *", after)
 
+    def test_feb_29_on_a_weekday_beyond_28_years(self):
+        # Feb 29 that is also a Sunday: after 2088 the next is 2128 (2100 is no leap year).
+        self.check("0 0 29 2 */7", T(2089, 3, 1), T(2128, 2, 29))
+        # `*/7` is a restricted weekday field starting with `*`: the day must be both (Vixie).
+        sundays = [y for y in range(2000, 2401) if calendar.isleap(y) and date(y, 2, 29).weekday() == 6]
+        for before, after in zip(sundays, sundays[1:]):
+            self.check("0 0 29 2 */7", T(before, 2, 29), T(after, 2, 29))
+
+    def test_near_the_year_9999(self):
+        self.check("59 23 31 12 *", datetime(9999, 12, 31, 23, 58), T(9999, 12, 31, 23, 59))
+        for after in (datetime(9999, 12, 31, 20, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, tzinfo=TZ)):
+            with self.subTest(after=after), self.assertRaises(CronError):
+                next_after("* * * * *", after)
+        with self.assertRaisesRegex(CronError, "out of range"):
+            parse_schedule("9999-12-31 23:59+00:00")
+        with self.assertRaisesRegex(CronError, "out of range"):
+            parse_schedule("0001-01-01 00:00+12:00")
+        every = parse_schedule("every 1d", anchor=datetime(9999, 12, 30))
+        with self.assertRaisesRegex(CronError, "before the year 10000"):
+            every.next_after(datetime(9999, 12, 31))
+        with self.assertRaises(CronError):
+            describe("every 1h", datetime(9999, 12, 31, 23, 0, tzinfo=TZ))
+
+    def test_huge_fields_give_short_messages(self):
+        for text in ("1" * 5000 + " * * * *", "*/" + "9" * 5000 + " * * * *", "0 0 1-" + "9" * 5000 + " * *",
+                     "every " + "9" * 5000 + "m", "x" * 5000, "2026-" + "1" * 5000):
+            with self.subTest(text=text[:20]), self.assertRaises(CronError) as caught:
+                parse_schedule(text)
+            self.assertLess(len(str(caught.exception)), 250)
+            self.assertNotIn("4300", str(caught.exception))
+        self.assertEqual(parse_schedule("every 0000000000000000000000000000000000000030m").text, "every 30m")
+
     def test_syntax_errors(self):
         cases = [
             ("", "expected 5 fields.*got 0"),
@@ -249,11 +282,11 @@ class FallbackZoneTest(unittest.TestCase):
     """Without tzdata the module falls back to a fixed +08:00 zone and still works."""
 
     def test_fixed_offset_fallback(self):
-        spec = importlib.util.spec_from_file_location("ias_cron_fallback", ias.cron.__file__)
+        spec = importlib.util.spec_from_file_location("ias._cron_fallback", ias.cron.__file__)
         module = importlib.util.module_from_spec(spec)
         # dataclasses look the module up in sys.modules while the class is built.
         with mock.patch("zoneinfo.ZoneInfo", side_effect=ZoneInfoNotFoundError("no tzdata")), \
-                mock.patch.dict(sys.modules, {"ias_cron_fallback": module}):
+                mock.patch.dict(sys.modules, {"ias._cron_fallback": module}):
             spec.loader.exec_module(module)
         tz = module.TZ
         self.assertIsInstance(tz, timezone)

@@ -1,17 +1,26 @@
-"""The daemon and `--once` as real processes: replies, SIGTERM, sd_notify, the single-instance lock."""
+"""The daemon and `--once` as real processes: replies, SIGTERM, sd_notify, the single-instance lock,
+faults (a lost database, a crashed task, kill -9 mid-skill) and relative paths."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+import uuid
 from pathlib import Path
 
+import psycopg
+
+from ias.pgcluster import Cluster
+from ias.runner import identity
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+from tests.test_runner import running
 
 
 def alive_in_group(pgid: int) -> list[int]:
@@ -26,6 +35,65 @@ def alive_in_group(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 found.append(int(entry.name))
     return found
+
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Lines:
+    """Every line a stream produces, read by a thread; `wait_for` blocks until one contains a needle."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, needle: str, timeout: float = 20.0, start: int = 0) -> int:
+        """The index of the first line from `start` on that contains `needle`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for i in range(start, len(self.lines)):
+                    if needle in self.lines[i]:
+                        return i
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no line with {needle!r} in {timeout}s; got:\n{''.join(self.lines)}")
+                self._changed.wait(left)
+
+    def text(self) -> str:
+        self._thread.join(timeout=10)
+        return "".join(self.lines)
+
+
+# The daemon as `ias` runs it, with the database-lost limit injected (and, on request, a
+# scheduler that crashes at once: the fault a supervisor must notice).
+DRIVER = """
+import asyncio, logging, sys
+from ias import app, config, scheduler
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+if sys.argv[2] == "crash":
+    async def crash(self):
+        raise RuntimeError("scheduler exploded")
+    scheduler.Scheduler.run = crash
+sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]))))
+"""
 
 
 class DaemonTestCase(unittest.TestCase):
@@ -52,11 +120,23 @@ class DaemonTestCase(unittest.TestCase):
         return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
                               env={**self.env, **(env or {})}, cwd=self.tmp, timeout=60, stdin=subprocess.DEVNULL)
 
-    def daemon(self, env: dict | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, str(REPO / "ias.py")], env={**self.env, **(env or {})}, cwd=self.tmp,
+    def daemon(self, env: dict | None = None, driver: tuple[float, str] | None = None) -> subprocess.Popen:
+        """The daemon (`ias.py`, or DRIVER with (db_lost_limit, mode))."""
+        args = [str(REPO / "ias.py")] if driver is None else ["-c", DRIVER, str(driver[0]), driver[1]]
+        proc = subprocess.Popen([sys.executable, *args], env={**self.env, **(env or {})}, cwd=self.tmp,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc
+
+    def say(self, proc: subprocess.Popen, line: str) -> None:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    def audit_rows(self, *events: str) -> list[tuple]:
+        """(event, decision, detail) of this schema's audit rows with those events, oldest first."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute("SELECT event, decision, detail FROM audit_log WHERE event = ANY(%s) ORDER BY id",
+                                (list(events),)).fetchall()
 
 
 class OnceTest(DaemonTestCase):
@@ -181,6 +261,144 @@ class DaemonTest(DaemonTestCase):
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=10), 0)
         self.assertIn("expired", self.ias("approvals", "--all").stdout)
+
+
+class FaultTest(DaemonTestCase):
+    """What the daemon does when things break under it."""
+
+    def setUp(self):
+        super().setUp()
+        os.chmod(self.tmp, 0o755)       # an embedded cluster here runs as the postgres OS user under root
+        self.env["IAS_SKILLS_DIR"] = str(FIXTURES / "daemon")
+
+    def pidfile(self, name: str = "pids") -> Path:
+        return self.tmp / f"{name}-{uuid.uuid4().hex[:6]}"
+
+    def start_nap(self, proc: subprocess.Popen) -> tuple[int, int]:
+        """/run nap on the daemon's console; (bash's pid, its child's pid) once it runs."""
+        pidfile = self.pidfile()
+        self.say(proc, f'/run nap {{"pidfile": "{pidfile}"}}')
+        text = wait_until(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2 and pidfile.read_text(),
+                          what="the skill's pid file")
+        bash, child = map(int, text.split())
+        return bash, child
+
+    def throwaway_cluster(self, name: str) -> Cluster:
+        cluster = Cluster(self.tmp / name, fsync=False)
+        cluster.start()
+        self.addCleanup(cluster.stop)
+        return cluster
+
+    @staticmethod
+    def postmaster(cluster_dir: Path) -> int:
+        return int((cluster_dir / "postmaster.pid").read_text().split()[0])
+
+    def test_sigterm_mid_skill_records_skill_finished_every_time(self):
+        for round_ in range(10):
+            proc = self.daemon()
+            bash, child = self.start_nap(proc)
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=15), 0, proc.stderr.read())
+            self.assertFalse(running(bash) or running(child), f"round {round_}: the skill outlived the daemon")
+            proc.stdin.close()
+        rows = self.audit_rows("skill_started", "skill_finished")
+        started = [detail for event, _, detail in rows if event == "skill_started"]
+        finished = [detail for event, _, detail in rows if event == "skill_finished"]
+        self.assertEqual(len(started), 10)
+        self.assertEqual(sorted(started), sorted(finished))      # every call ended, and is matched by its tag
+        self.assertEqual(list(os.listdir(self.tmp / "runs")), [])
+
+    def test_kill_9_mid_skill_then_start_records_interrupted_and_cleans_up(self):
+        first = self.daemon()
+        bash, child = self.start_nap(first)
+        runs = self.tmp / "runs"
+        self.assertEqual(len(os.listdir(runs)), 1)
+        first.kill()
+        first.wait(timeout=10)
+        wait_until(lambda: not running(bash), 5, "the skill's bash to die with the daemon (PDEATHSIG)")
+        # A one-off command that runs right now (this test process) must keep its run and its call.
+        pid, start = identity()
+        live_run = runs / f"run-{pid}-{start}-live"
+        live_run.mkdir()
+        live_tag = f"call={uuid.uuid4().hex} pid={pid} start={start}"
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO audit_log (event, skill_name, detail, prev_hash, hash) "
+                         "VALUES ('skill_started', 'nap', %s, '', '')", (live_tag,))
+
+        second = self.daemon()
+        Lines(second.stderr).wait_for("iAs is running")
+        self.assertFalse(running(child), "what the dead run left running was not ended")
+        self.assertEqual(os.listdir(runs), [live_run.name])
+        rows = self.audit_rows("skill_started", "skill_finished", "skill_interrupted")
+        dead_tag = rows[0][2]
+        self.assertEqual(rows, [("skill_started", "auto", dead_tag), ("skill_started", None, live_tag),
+                                ("skill_interrupted", "interrupted", dead_tag)])
+        second.send_signal(signal.SIGTERM)
+        self.assertEqual(second.wait(timeout=10), 0)
+        self.assertEqual(len(self.audit_rows("skill_interrupted")), 1)        # once, not at every start
+
+    def test_lost_embedded_database_is_restarted_and_the_daemon_answers_again(self):
+        env = {"IAS_DATABASE_URL": "", "IAS_DATA_DIR": str(self.tmp / "data")}
+        proc = self.daemon(env=env, driver=(30, "normal"))
+        self.addCleanup(self.stop_embedded, self.tmp / "data" / "pg")
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running", timeout=60)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。")
+        os.kill(self.postmaster(self.tmp / "data" / "pg"), signal.SIGKILL)
+        lost = log.wait_for("database lost")
+        log.wait_for("database reachable again", timeout=60, start=lost)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。", start=1)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0, log.text())
+        self.assertNotIn("Traceback", log.text())
+
+    def stop_embedded(self, datadir: Path) -> None:
+        cluster = Cluster(datadir)
+        cluster.started = True
+        cluster.stop()
+
+    def test_database_gone_for_good_exits_non_zero_with_one_line(self):
+        cluster = self.throwaway_cluster("pg-gone")
+        proc = self.daemon(env={"IAS_DATABASE_URL": cluster.dsn}, driver=(2, "normal"))
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running")
+        os.kill(self.postmaster(cluster.datadir), signal.SIGKILL)
+        log.wait_for("database lost")
+        self.say(proc, "/reset")                   # meanwhile: one short answer, not silence
+        out.wait_for("数据库暂时不可用，请稍后再试。")
+        self.assertEqual(proc.wait(timeout=30), 1)
+        errors = log.text()
+        self.assertEqual(len([line for line in errors.splitlines() if "database unreachable for" in line]), 1, errors)
+        self.assertNotIn("Traceback", errors)
+
+    def test_a_crashed_background_task_stops_the_daemon_loudly(self):
+        proc = self.daemon(driver=(60, "crash"))
+        self.assertEqual(proc.wait(timeout=30), 1)
+        errors = proc.stderr.read()
+        self.assertIn("task scheduler crashed", errors)
+        self.assertIn("Traceback", errors)
+        self.assertIn("RuntimeError: scheduler exploded", errors)
+        self.assertIn("daemon_stop", self.ias("audit").stdout)
+
+
+class PathsTest(DaemonTestCase):
+    def test_relative_data_and_skills_dirs_give_skills_absolute_paths(self):
+        work = self.tmp / "work"
+        shutil.copytree(FIXTURES / "daemon" / "home", work / "skills" / "home")
+        before = sorted(p.relative_to(work) for p in (work / "skills").rglob("*"))
+        result = subprocess.run([sys.executable, str(REPO / "ias.py"), "run", "home"], capture_output=True, text=True,
+                                env={**self.env, "IAS_DATA_DIR": "data", "IAS_SKILLS_DIR": "skills"}, cwd=work,
+                                timeout=60, stdin=subprocess.DEVNULL)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        reply = json.loads(result.stdout)
+        self.assertTrue(reply["success"], reply)
+        hi, pwd, home = reply["output"].splitlines()
+        self.assertEqual((hi, pwd), ("hi", str(work / "skills" / "home")))
+        self.assertTrue(home.startswith(f"HOME={work / 'data' / 'runs'}/run-"), home)
+        self.assertEqual(sorted(p.relative_to(work) for p in (work / "skills").rglob("*")), before)
+        self.assertEqual(os.listdir(work / "data" / "runs"), [])
 
 
 if __name__ == "__main__":

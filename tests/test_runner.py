@@ -8,6 +8,7 @@ import re
 import resource
 import signal
 import stat
+import subprocess
 import tempfile
 import time
 import unittest
@@ -421,6 +422,30 @@ def _reset_peak_rss() -> int:
     except OSError:
         pass
     return _peak_rss()
+
+
+class RecoverTest(unittest.TestCase):
+    """At daemon start: leftovers of dead processes' runs are ended and removed, live ones kept."""
+
+    def test_leftovers_of_dead_owners_are_killed_and_removed(self):
+        tmp = tempfile.TemporaryDirectory(prefix="ias-recover-")
+        self.addCleanup(tmp.cleanup)
+        runs = Path(tmp.name)
+        pid, start = runner_module.identity()
+        dead = runs / f"run-{pid}-{start + 1}-abc"           # same pid, another (gone) process
+        live = runs / f"run-{pid}-{start}-def"
+        old = runs / "run-k2j4h5g6"                          # no owner in its name
+        for directory in (dead, live, old):
+            (directory / ".cache").mkdir(parents=True)
+        os.chmod(dead / ".cache", 0o500)                    # read-only, as Go's module cache leaves it
+        orphan = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "HOME": str(dead)},
+                                  start_new_session=True)
+        self.addCleanup(orphan.wait)
+        self.addCleanup(lambda: orphan.poll() is None and orphan.kill())
+        self.assertEqual(runner_module.recover(runs), 2)
+        self.assertEqual(orphan.wait(timeout=5), -signal.SIGKILL)
+        self.assertEqual(os.listdir(runs), [live.name])
+        self.assertEqual(runner_module.recover(runs / "missing"), 0)
 
 
 if __name__ == "__main__":

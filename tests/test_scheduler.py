@@ -117,6 +117,14 @@ class SchedulerTest(StoreTestCase):
             await add_task(self.store, "owner", "t", "@daily", "email", "x", now=T0)
         with self.assertRaisesRegex(TaskError, "no task with id 999"):
             await update_task(self.store, 999, text="z")
+        # Schedules past what datetime holds, or with a 5,000-digit field: a short TaskError.
+        for bad in ("9999-12-31 23:59+00:00", "1" * 5000 + " * * * *", "every " + "9" * 5000 + "m"):
+            with self.subTest(bad=bad[:30]):
+                with self.assertRaises(TaskError) as caught:
+                    await add_task(self.store, "owner", "t", bad, "reminder", "x", now=T0)
+                self.assertLess(len(str(caught.exception)), 250)
+                with self.assertRaises(TaskError):
+                    await update_task(self.store, task.id, schedule=bad, now=T0)
 
     async def test_failed_run_is_recorded_and_not_repeated(self):
         async def broken(task):
@@ -187,7 +195,7 @@ class TaskThroughAgentTest(GateTestCase):
             text("你有一个任务：喝水。"))
         turn = asyncio.create_task(self.router.turn("owner", "明天提醒我喝水", self.channel))
         message = await self.channel.wait_for("确认码：")
-        self.assertIn(f"schedule: {slot}", message)
+        self.assertIn(f"\n· 时间：{slot}\n", message)
         await self.approvals.redeem("owner", CODE_LINE.search(message).group(1))
         self.assertEqual(await turn, "已添加。")
         added = json.loads(self.server.requests[1]["messages"][-1]["content"])

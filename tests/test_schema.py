@@ -1,9 +1,12 @@
 """Tests for ias.schema: validate, check, apply_defaults and compile."""
 import copy
+import json
+import time
 import unittest
 from enum import IntEnum
 
-from ias.schema import SchemaError, apply_defaults, check, compile, validate
+from ias.limits import PATTERN_INPUT_MAX
+from ias.schema import SchemaError, apply_defaults, check, compile, loads, pattern_input_max, validate
 
 WEATHER = {
     "type": "object",
@@ -632,6 +635,100 @@ class TestCompileAndCache(unittest.TestCase):
         for _ in range(3):
             self.assertEqual(validate({"n": 1}, {"properties": {"n": {"type": "string"}}}),
                              ["$.n: expected string, got integer"])
+
+
+def nested(depth: int, leaf=None, key: str | None = None):
+    """`depth` arrays (or objects under `key`) around `leaf`, built without recursion."""
+    value = leaf
+    for _ in range(depth):
+        value = [value] if key is None else {key: value}
+    return value
+
+
+class TestHostile(unittest.TestCase):
+    """Schemas and arguments written to crash or stall the validator."""
+
+    def test_any_of_false_false(self):
+        self.assertEqual(validate(None, {"anyOf": [False, False]}), ["$: not allowed"])
+        self.assertEqual(validate(1, {"oneOf": [False]}), ["$: not allowed"])
+
+    def test_schema_depth(self):
+        self.assertEqual(check(nested(500, {}, "not")), ["$: nested deeper than 64 levels"])
+        self.assertEqual(check(nested(63, {}, "not")), [])
+        self.assertEqual(check({"enum": [nested(100)]}), ["$: nested deeper than 64 levels"])
+        with self.assertRaises(SchemaError):
+            validate(1, nested(500, {}, "not"))
+
+    def test_schema_numbers(self):
+        self.assertEqual(check({"type": "number", "minimum": 10**400}), ["$: number with more than 100 digits"])
+        self.assertEqual(check({"multipleOf": 10**5000}), ["$: number with more than 100 digits"])
+        self.assertEqual(check({"type": "integer", "maximum": 10**99}), [])
+        self.assertEqual(validate(10**99 + 1, {"maximum": 10**99}), [f"$: must be <= {10**99}"])
+        self.assertEqual(validate(1e308, {"minimum": 10**99, "multipleOf": 10**98}), [])
+
+    def test_instance_depth_and_numbers(self):
+        deep = {"a": nested(500)}
+        self.assertIs(apply_defaults(deep, WEATHER), deep)           # no RecursionError, left for the validator
+        self.assertEqual(validate(deep, {"type": "object"}), ["$: nested deeper than 64 levels"])
+        self.assertEqual(compile({"type": "object"})(deep), ["$: nested deeper than 64 levels"])
+        self.assertEqual(compile({})(nested(63)), [])
+        self.assertEqual(validate([10**200], {"items": {"maximum": 10**99}}), [f"$[0]: must be <= {10**99}"])
+        self.assertEqual(validate((nested(70),), {}), ["$: nested deeper than 64 levels"])
+        self.assertEqual(apply_defaults({"city": "x", "n": nested(63)}, {**WEATHER, "additionalProperties": True})["days"], 3)
+
+    def test_loads(self):
+        self.assertEqual(loads('{"a": [1, -2.5e3, "[[[[{{", true, null]}'), {"a": [1, -2500.0, "[[[[{{", True, None]})
+        self.assertEqual(loads(json.dumps(nested(64))), nested(64))
+        cases = {"[" * 100000: "nested deeper than 64 levels: line 1 column 65",
+                 '{"a":\n ' + "[" * 65: "nested deeper than 64 levels: line 2 column 65",
+                 "9" * 5000: "number with more than 100 digits",
+                 "[1e400]": "number out of range", "[-1E999]": "number out of range",
+                 "[NaN]": "NaN is not a JSON number", "-Infinity": "-Infinity is not a JSON number",
+                 "[1,": "Expecting value"}
+        for text, message in cases.items():
+            with self.subTest(text=text[:20]), self.assertRaises(json.JSONDecodeError) as caught:
+                loads(text)
+            self.assertTrue(str(caught.exception).startswith(message), caught.exception)
+
+    def test_backtracking_patterns_are_refused(self):
+        for pattern in (r"^(a+)+$", r"(a*)*", r"(a|a)*", r"(a|ab)*c", r"^(\w+\s?)*$", r"(x+x+)+y", r"(a?)+",
+                        r"(?:a|b|ab)+$", r"([a-z]+)*@", r"(a{1,3})+$", r"^(\d+|\d+\.)*$"):
+            with self.subTest(pattern=pattern):
+                [problem] = check({"type": "string", "pattern": pattern})
+                self.assertTrue(problem.startswith("$.pattern: prone to catastrophic backtracking"), problem)
+        for pattern in (r".*a.*b.*c", r"^(.*?,){11}P", r"(x{1,2}){40}", r"\s*\s*\s*x", r"^\S+@\S+\.\S+$"):
+            with self.subTest(pattern=pattern):
+                [problem] = check({"type": "string", "pattern": pattern})
+                self.assertTrue(problem.startswith("$.pattern: too slow to match"), problem)
+        self.assertEqual(check({"pattern": "a" * 1001}), ["$.pattern: longer than 1000 characters"])
+
+    def test_accepted_patterns_match_within_50ms(self):
+        # Each pattern with the inputs that make it work hardest, at its own length limit and at 100 KB.
+        cases = {
+            r"^[1-9][0-9]{0,9}$": "1" * 20, r"^[A-Za-z0-9_./-]+$": "a" * 20 + "!",
+            r"\w+@": "a", r"^a*a*$": "a", r"(a|b)*c": "ab", r"^[^@]*@.*$": "@",
+            r"(\d{1,3}\.){3}\d{1,3}": "1.", r"^\s*[a-z]+\s*=\s*\S+\s*$": " ", r"a{1,1000}b": "a",
+            r"(a|b)*c": "ab", r"^(\S+)\s(\S+)$": "x", r"^[^@]+@[^@]+$": "@",
+            r"^[a-z]+(-[a-z]+)*$": "a-", r"^(\d+\.)*\d+$": "1.",      # delimited iterations
+        }
+        for pattern, unit in cases.items():
+            limit = pattern_input_max(pattern)
+            self.assertIsInstance(limit, int, (pattern, limit))
+            validator = compile({"type": "string", "pattern": pattern})
+            for size in (limit, 100_000):
+                value = (unit * (size // len(unit) + 1))[:size - 1] + "!"
+                elapsed = float("inf")
+                for _ in range(3):          # the best of 3: the machine is shared
+                    start = time.perf_counter()
+                    errors = validator(value)
+                    elapsed = min(elapsed, time.perf_counter() - start)
+                with self.subTest(pattern=pattern, size=size):
+                    self.assertLess(elapsed, 0.05)
+                    if size > limit:
+                        self.assertEqual(errors, [f"$: must be at most {limit} characters long to be matched "
+                                                  f"against pattern '{pattern}'"])
+        self.assertEqual(pattern_input_max(r"^[a-z]+$"), PATTERN_INPUT_MAX)
+        self.assertLess(pattern_input_max(r"\w+@"), PATTERN_INPUT_MAX)
 
 
 if __name__ == "__main__":

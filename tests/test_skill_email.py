@@ -80,6 +80,19 @@ def html_message() -> bytes:
     return msg.as_bytes(policy=email.policy.SMTP)
 
 
+def raw_8bit_attachment_message(name: str, encoding: str, body: str = "见附件。") -> bytes:
+    """As Foxmail and older Outlook send it: the attachment name as raw GBK/UTF-8 bytes, no RFC 2047/2231."""
+    raw_name = name.encode(encoding)
+    return (b"From: Zhang <zhang@example.cn>\r\nTo: me@example.com\r\nSubject: files\r\n"
+            b"Date: Thu, 04 Dec 2025 08:00:00 +0800\r\nMIME-Version: 1.0\r\n"
+            b"Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n"
+            b"--XX\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+            + base64.encodebytes(body.encode("utf-8")).replace(b"\n", b"\r\n") +
+            b"--XX\r\nContent-Type: application/pdf; name=\"" + raw_name + b"\"\r\n"
+            b"Content-Disposition: attachment; filename=\"" + raw_name + b"\"\r\n"
+            b"Content-Transfer-Encoding: base64\r\n\r\nJVBERi0xLjQ=\r\n--XX--\r\n")
+
+
 def fill_mailbox(imap: IMAPServer) -> dict[str, str]:
     """Four messages, one already read; returns their UIDs by name."""
     return {
@@ -155,6 +168,28 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(mail.header_text("=?GBK?B?" + b64("镕".encode("gbk")) + "?= =?utf-8?q?=E5=96=86?="), "镕喆")
 
 
+    def test_raw_8bit_attachment_names(self):
+        mail = mail_script()
+        for encoding in ("gbk", "utf-8", "gb18030"):
+            with self.subTest(encoding=encoding):
+                msg = email.message_from_bytes(raw_8bit_attachment_message("报告（终稿）喆.pdf", encoding))
+                self.assertEqual(mail.message_body(msg), ("见附件。", ["报告（终稿）喆.pdf"]))
+
+    def test_plain_login_only_to_loopback_unless_allowed(self):
+        mail = mail_script()
+        for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.53"):
+            mail.refuse_plain_login("IAS_SMTP", "none", host, USER)
+        with self.assertRaisesRegex(mail.Fail, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
+            mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
+        mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
+        mail.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
+        os.environ["IAS_IMAP_ALLOW_PLAIN_LOGIN"] = "1"
+        self.addCleanup(os.environ.pop, "IAS_IMAP_ALLOW_PLAIN_LOGIN")
+        mail.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
+        with self.assertRaisesRegex(mail.Fail, "IAS_SMTP_ALLOW_PLAIN_LOGIN"):
+            mail.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
+
+
 class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
     async def test_chinese_subject_display_name_and_body(self):
         body = "你好，\n这是周报：朱镕基与王堃。\n.以点开头的一行\n"
@@ -201,6 +236,62 @@ class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertFailure(bad, "SMTP login", "535", "IAS_SMTP_PASSWORD")
         self.assertNotIn("wrong-code", bad["error"])
         self.assertTrue(any(ok for _mech, _user, ok in smtp.auth_attempts))
+
+    async def test_a_wrong_password_is_one_auth_attempt_on_the_wire(self):
+        send = {"action": "send", "to": "x@example.org", "subject": "hi", "body": "b"}
+        for mechanisms, used in (("PLAIN LOGIN", "PLAIN"), ("LOGIN PLAIN", "PLAIN"), ("LOGIN", "LOGIN")):
+            with self.subTest(mechanisms=mechanisms), SMTPServer(USER, PASSWORD, mechanisms=mechanisms) as smtp:
+                bad = await self.run_email(send, smtp_env(smtp, IAS_SMTP_USER=USER, IAS_SMTP_PASSWORD="wrong-code"))
+                self.assertFailure(bad, "SMTP login", "535", "IAS_SMTP_PASSWORD")
+                self.assertEqual(smtp.auth_attempts, [(used, USER, False)])
+                self.assertEqual([c for c in smtp.commands if c.upper().startswith("AUTH")], [f"AUTH {used}"])
+                self.assertEqual(smtp.messages, [])
+
+    async def test_no_supported_mechanism_is_not_tried(self):
+        with SMTPServer(USER, PASSWORD, mechanisms="CRAM-MD5 XOAUTH2") as smtp:
+            result = await self.run_email({"action": "send", "to": "x@example.org", "subject": "s", "body": "b"},
+                                          smtp_env(smtp, IAS_SMTP_USER=USER, IAS_SMTP_PASSWORD=PASSWORD))
+        self.assertFailure(result, "PLAIN or LOGIN", "CRAM-MD5")
+        self.assertEqual(smtp.auth_attempts, [])
+        self.assertFalse([c for c in smtp.commands if c.upper().startswith("AUTH")])
+
+    async def test_non_ascii_password_as_utf8(self):
+        password = "授权码-ñ-密码"
+        for mechanisms in ("PLAIN", "LOGIN"):
+            with self.subTest(mechanisms=mechanisms), SMTPServer(USER, password, mechanisms=mechanisms) as smtp:
+                result = await self.run_email({"action": "send", "to": "x@example.org", "subject": "s", "body": "b"},
+                                              smtp_env(smtp, IAS_SMTP_USER=USER, IAS_SMTP_PASSWORD=password))
+                self.assertTrue(result["success"], result)
+                self.assertEqual(smtp.auth_attempts, [(mechanisms, USER, True)])
+                self.assertEqual(len(smtp.messages), 1)
+        with IMAPServer(password=password) as imap:
+            result = await self.run_email({"action": "list_unread"}, imap_env(imap))
+        self.assertFailure(result, "ASCII", "IAS_IMAP_PASSWORD")
+        self.assertNotIn(password, result["error"])
+
+    async def test_plain_login_to_another_host_is_refused_before_connecting(self):
+        # 192.0.2.1 is TEST-NET-1: nothing is contacted, the refusal comes first.
+        send = {"action": "send", "to": "x@example.org", "subject": "s", "body": "b"}
+        result = await self.run_email(send, {"IAS_SMTP_HOST": "192.0.2.1", "IAS_SMTP_SSL": "none",
+                                             "IAS_SMTP_USER": USER, "IAS_SMTP_PASSWORD": PASSWORD})
+        self.assertFailure(result, "clear text", "192.0.2.1", "IAS_SMTP_ALLOW_PLAIN_LOGIN=1", "IAS_SMTP_SSL")
+        self.assertNotIn(PASSWORD, result["error"])
+        result = await self.run_email({"action": "list_unread"},
+                                      {"IAS_IMAP_HOST": "192.0.2.1", "IAS_IMAP_SSL": "none",
+                                       "IAS_IMAP_USER": USER, "IAS_IMAP_PASSWORD": PASSWORD})
+        self.assertFailure(result, "clear text", "IAS_IMAP_ALLOW_PLAIN_LOGIN=1")
+
+    async def test_overall_deadline_and_unknown_delivery(self):
+        send = {"action": "send", "to": "x@example.org", "subject": "s", "body": "b"}
+        with SMTPServer(stall="data") as smtp:
+            result = await asyncio.wait_for(self.run_email(send, smtp_env(smtp, IAS_EMAIL_TIMEOUT="1")), 15)
+            self.assertEqual(len(smtp.messages), 1)            # the server has it, but never said so
+        self.assertFailure(result, "delivery is unknown", "within 1 s")
+        self.assertEqual(result["delivery"], "unknown")
+        with SMTPServer(stall="greeting") as smtp:
+            result = await asyncio.wait_for(self.run_email(send, smtp_env(smtp, IAS_EMAIL_TIMEOUT="1")), 15)
+        self.assertFailure(result, "within 1 s", "not sent")
+        self.assertNotIn("delivery", result)
 
     async def test_configuration_errors_name_the_variable(self):
         send = {"action": "send", "to": "x@example.org", "subject": "s", "body": "b"}
@@ -303,6 +394,32 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertEqual(result["attachments"], ["报告.pdf", "data.csv"])
         self.assertEqual(result["from"], "Bob <bob@example.com>")
 
+    async def test_raw_gbk_attachment_name(self):
+        with IMAPServer() as imap:
+            gbk = imap.add(raw_8bit_attachment_message("季度报告.pdf", "gbk"))
+            utf8 = imap.add(raw_8bit_attachment_message("季度报告.pdf", "utf-8"))
+            results = [await self.run_email({"action": "read", "uid": uid}, imap_env(imap)) for uid in (gbk, utf8)]
+        for result in results:
+            self.assertTrue(result["success"], result)
+            self.assertEqual(result["attachments"], ["季度报告.pdf"])
+            self.assertEqual(result["body"], "见附件。")
+
+    async def test_a_20000_emoji_body_fits_the_models_64_kib_in_bytes(self):
+        body = "😀" * 20000                                     # 80,000 bytes of UTF-8
+        with IMAPServer() as imap:
+            uid = imap.add(raw_8bit_attachment_message("清单.pdf", "utf-8", body=body))
+            params = schema.apply_defaults({"action": "read", "uid": uid}, SKILL.parameters)
+            run = await self.runner(imap_env(imap)).run(SKILL, params)
+        self.assertEqual(run.exit_code, 0, run.stderr)
+        self.assertFalse(run.truncated)
+        self.assertLessEqual(run.output_size, 64 * 1024)
+        result = run.to_llm()                                  # the skill's own JSON, not a cut "output"
+        self.assertTrue(result["success"], result)
+        self.assertEqual(result["attachments"], ["清单.pdf"])
+        self.assertIs(result["body_truncated"], True)
+        self.assertTrue(body.startswith(result["body"]))
+        self.assertGreater(len(result["body"]), 14000)          # cut to fit, not to nothing
+
     async def test_unknown_uid_and_refused_login(self):
         with IMAPServer() as imap:
             fill_mailbox(imap)
@@ -311,6 +428,7 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertFailure(missing, "no message with uid 999")
         self.assertFailure(refused, "IMAP login", "AUTHENTICATIONFAILED", "IAS_IMAP_PASSWORD")
         self.assertNotIn("nope-nope", refused["error"])
+        self.assertEqual([ok for _user, ok in imap.logins], [True, False])      # one LOGIN per call
         self.assertEqual(imap.violations, [])
 
 
@@ -375,9 +493,8 @@ class EmailGateTest(SkillsTestCase):
             result = await asyncio.wait_for(task, 30)
         self.assertTrue(result["success"], result)
         (message,) = self.owner.messages
-        self.assertIn("技能：email", message)
-        self.assertIn("to: boss@example.org", message)
-        self.assertIn("subject: 请假：王堃", message)
+        self.assertIn("\n技能：email\n参数：\n· 操作：send\n· 收件人：boss@example.org\n· 主题：请假：王堃\n"
+                      "· 正文：明天请假一天。\n\n确认码：", message)        # labels for people, in schema order
         self.assertEqual(len(smtp.messages), 1)
         msg = email.message_from_bytes(smtp.messages[0]["data"], policy=email.policy.default)
         self.assertEqual(msg["Subject"], "请假：王堃")
@@ -395,6 +512,25 @@ class EmailGateTest(SkillsTestCase):
         self.assertEqual(len(result["messages"]), 3)
         self.assertEqual(result["messages"][-1]["uid"], uids["gbk"])
         self.assertEqual(imap.violations, [])
+
+    async def test_a_long_body_reaches_the_model_as_json_with_attachments(self):
+        from ias.agent import Agent
+        from ias.llm import LLM
+        from tests.servers.llm import LLMServer, calls, text
+        with IMAPServer() as imap, LLMServer() as model:
+            uid = imap.add(raw_8bit_attachment_message("发票.pdf", "gbk", body="😀" * 20000))
+            llm = LLM("sk-test", model.base_url, "test-model", retry_delays=(0.01,))
+            self.addAsyncCleanup(llm.close)
+            agent = Agent(self.registry, self.gate_with(imap_env(imap)), self.store, llm)
+            model.script(calls(("email", {"action": "read", "uid": uid})), text("读完了。"))
+            turn = asyncio.create_task(agent.turn("owner", "读一下那封信", self.owner.notify))
+            await self.approvals.redeem("owner", await self.owner.code())
+            self.assertEqual(await asyncio.wait_for(turn, 30), "读完了。")
+        [tool] = [m for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+        result = json.loads(tool["content"])                  # still JSON, cut inside the body only
+        self.assertEqual(result["attachments"], ["发票.pdf"])
+        self.assertIs(result["body_truncated"], True)
+        self.assertTrue(result["body"].startswith("😀" * 1000))
 
     async def test_malformed_calls_never_reach_the_owner(self):
         bad_calls = [

@@ -111,7 +111,7 @@ class ShellGateTest(SkillsTestCase):
         code = await self.owner.code()
         self.assertFalse(marker.exists())
         (message,) = self.owner.messages
-        self.assertIn(f"command: {command}", message)
+        self.assertIn(f"\n· 命令：{command}\n", message)
         await self.approvals.redeem("owner", code)
         result = await asyncio.wait_for(task, 30)
         self.assertEqual((result["success"], result["exit_code"], result["stdout"]), (True, 0, "; echo pwned\n"))

@@ -74,7 +74,7 @@ class WakeOnLanGateTest(SkillsTestCase):
             task = asyncio.create_task(self.gate.call("owner", "start_pc", params, self.owner.notify))
             code = await self.owner.code()
             self.assertEqual(await asyncio.to_thread(receiver.datagrams, 0.1), [])          # nothing before the code
-            self.assertIn("mac: A0-B1-C2-D3-E4-F5", self.owner.messages[0])
+            self.assertIn("\n· MAC 地址：A0-B1-C2-D3-E4-F5\n", self.owner.messages[0])
             await self.approvals.redeem("owner", code)
             result = await asyncio.wait_for(task, 30)
             self.assertEqual(await asyncio.to_thread(receiver.datagrams, 5), [PACKET])

@@ -1,16 +1,46 @@
 """SKILL.md parsing (every error case), the registry's override rules and `ias skills`."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import shutil
+import signal
 import textwrap
+import time
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from ias.errors import SkillError
+from ias.limits import SKILL_FILE_MAX
 from ias.skills import load_registry, load_skill, parse_skill
-from tests.support import FIXTURES, REPO
+from tests.servers.llm import LLMServer, calls, text
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+
+HOSTILE = FIXTURES / "hostile"
+# Every broken SKILL.md under tests/fixtures/hostile, with the line and message it must get.
+BROKEN = {
+    "deep_array": ":10: invalid JSON in ## Parameters: nested deeper than 64 levels",
+    "deep_not": ":10: invalid JSON in ## Parameters: nested deeper than 64 levels",
+    "json_digits": ":10: invalid JSON in ## Parameters: number with more than 100 digits",
+    "minimum_huge": ":10: invalid JSON in ## Parameters: number with more than 100 digits",
+    "redos": ":10: $.properties.s.pattern: prone to catastrophic backtracking",
+    "overlapping": ":10: $.properties.s.pattern: prone to catastrophic backtracking",
+    "timeout_digits": ":19: timeout must be whole seconds from 1 to 600, got '9999",
+    "oversized": ":1: SKILL.md is larger than 256 KiB",
+}
+
+
+def hostile_dir(tmp: Path) -> Path:
+    """The hostile fixtures plus a SKILL.md over the size limit (made here, not kept in git)."""
+    root = tmp / "skills"
+    shutil.copytree(HOSTILE, root)
+    (root / "oversized").mkdir()
+    good = (HOSTILE / "echo_good" / "SKILL.md").read_text(encoding="utf-8")
+    (root / "oversized" / "SKILL.md").write_text(good + "x" * SKILL_FILE_MAX, encoding="utf-8")
+    return root
 
 GOOD = """\
 # Echo
@@ -175,6 +205,115 @@ class ParseTest(unittest.TestCase):
             self.assertIn("SKILL.md:1: cannot read", caught.exception.problems[0])
 
 
+class HostileParseTest(unittest.TestCase):
+    """CommonMark as written by editors, and files written to break the loader."""
+
+    def test_commonmark_skill(self):
+        skill = load_skill(HOSTILE / "echo_good")
+        self.assertEqual((skill.title, skill.risk, skill.timeout), ("Echo good", "low", 5.0))
+        self.assertTrue(skill.description.startswith("Echoes its text.\fA form feed"), skill.description)
+        self.assertEqual(skill.parameters["required"], ["text"])
+        self.assertEqual(skill.execute, "printf '{\"success\": true, \"echo\": \"%s\"}' \"$IAS_PARAM_TEXT\"")
+
+    def test_bom_keeps_the_title(self):
+        skill = parse("\ufeff" + GOOD)
+        self.assertEqual((skill.title, skill.description), ("Echo", "Echo the text back."))
+
+    def test_headings_and_fences_as_commonmark_defines_them(self):
+        text = (GOOD.replace("## Risk Level", "   ##\tRisk Level  ##").replace("## Parameters", " ## Parameters")
+                .replace("```json", "```json title=\"p\"").replace("```bash", "~~~~ bash {.x}")
+                .replace('echo "$IAS_PARAM_TEXT"\n```', 'echo "$IAS_PARAM_TEXT"\n```\n~~~~~'))
+        skill = parse(text)
+        self.assertEqual((skill.risk, skill.parameters["required"]), ("low", ["text"]))
+        self.assertEqual(skill.execute, 'echo "$IAS_PARAM_TEXT"\n```')
+        # Four spaces of indent make neither a heading nor a fence; `#x` is no heading either.
+        self.assertIn("missing required section '## Risk Level'",
+                      " ".join(problems(GOOD.replace("## Risk Level", "    ## Risk Level"))))
+        self.assertEqual(parse(GOOD.replace("# Echo", "#Echo")).title, "echo")
+
+    def test_fence_content_loses_the_fence_indent(self):
+        skill = parse(GOOD.replace("```bash\necho", "  ```bash\n   echo").replace('TEXT"\n```', 'TEXT"\n  ```'))
+        self.assertEqual(skill.execute, ' echo "$IAS_PARAM_TEXT"')
+
+    def test_line_numbers_count_newlines_only(self):
+        for odd in ("\f", "\v", "\x85", "\u2028", "\u2029", "\x1c", "\r"):
+            with self.subTest(odd=repr(odd)):
+                text = GOOD.replace("Echo the text back.", f"Echo{odd}the{odd}text back.").replace("Low", "Medium")
+                self.assertEqual(problems(text), ["/skills/echo/SKILL.md:6: unknown risk level 'Medium' (expected Low or High)"])
+
+    def test_crlf_line_endings(self):
+        skill = parse(GOOD.replace("\n", "\r\n"))
+        self.assertEqual((skill.risk, skill.timeout, skill.execute), ("low", 12.0, 'echo "$IAS_PARAM_TEXT"'))
+
+    def test_huge_timeout_is_a_short_problem(self):
+        [problem] = problems(GOOD.replace("\n12\n", "\n" + "9" * 5000 + "\n"))
+        self.assertLess(len(problem), 200)
+        self.assertIn(":23: timeout must be whole seconds from 1 to 600", problem)
+
+    def test_hostile_json(self):
+        cases = {
+            '"maximum": ' + "9" * 5000: "number with more than 100 digits",
+            '"minimum": 1' + "0" * 400: "number with more than 100 digits",
+            '"minimum": 1e400': "number out of range",
+            '"minimum": NaN': "NaN is not a JSON number",
+            '"examples": ' + "[" * 100000 + "]" * 100000: "nested deeper than 64 levels",
+        }
+        for fragment, message in cases.items():
+            with self.subTest(message=message):
+                text = GOOD.replace('"required": ["text"]', '"required": ["text"], ' + fragment)
+                [problem] = problems(text)
+                self.assertRegex(problem, rf"^/skills/echo/SKILL\.md:1[0-4]: invalid JSON in ## Parameters: {message}")
+        nested = '{"not": ' * 500 + "{}" + "}" * 500
+        [problem] = problems(GOOD.replace('{"type": "string"}', nested))
+        self.assertIn("nested deeper than 64 levels", problem)
+
+    def test_any_failure_is_that_skills_problem(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("one", "two"):
+                (Path(tmp) / name).mkdir()
+                (Path(tmp) / name / "SKILL.md").write_text(GOOD, encoding="utf-8")
+            real_check = __import__("ias.schema", fromlist=["check"]).check
+
+            def check(schema):       # the first skill's check fails as no check should
+                if not calls_seen:
+                    calls_seen.append(schema)
+                    raise MemoryError("out of memory")
+                return real_check(schema)
+            calls_seen: list = []
+            with mock.patch("ias.schema.check", check):
+                reg = load_registry(None, Path(tmp))
+        self.assertEqual([s.name for s in reg], ["two"])
+        [problem] = reg.problems
+        self.assertRegex(problem, r"one/SKILL\.md:1: cannot load: MemoryError: out of memory$")
+
+    def test_oversized_and_undecodable_files(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            big = Path(tmp) / "big"
+            big.mkdir()
+            (big / "SKILL.md").write_bytes(GOOD.encode() + b" " * SKILL_FILE_MAX)
+            with self.assertRaises(SkillError) as caught:
+                load_skill(big)
+            self.assertEqual(caught.exception.problems, [f"{big}/SKILL.md:1: SKILL.md is larger than 256 KiB"])
+            (big / "SKILL.md").write_bytes(GOOD.encode().replace(b"Low", b"L\xffow"))
+            with self.assertRaises(SkillError) as caught:
+                load_skill(big)
+            self.assertEqual(caught.exception.problems, [f"{big}/SKILL.md:6: not UTF-8 (byte 44)"])
+
+    def test_high_parameters_without_title_warn(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, title in (("untitled", ""), ("titled", '"title": "文本", ')):
+                (Path(tmp) / name).mkdir()
+                text = GOOD.replace("Low", "High").replace('{"type": "string"}', "{" + title + '"type": "string"}')
+                (Path(tmp) / name / "SKILL.md").write_text(text, encoding="utf-8")
+            reg = load_registry(None, Path(tmp))
+            self.assertEqual(len(reg), 2)
+            self.assertEqual(reg.warnings, (f"{Path(tmp).resolve()}/untitled/SKILL.md:10: High skill parameters "
+                                            "without a title (their label in the approval message): text",))
+            result = ias("skills", "check", env={"IAS_SKILLS_DIR": tmp})
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn("untitled/SKILL.md:10: High skill parameters without a title", result.stdout)
+
+
 class RegistryTest(unittest.TestCase):
     def setUp(self):
         self.system = FIXTURES / "registry" / "system"
@@ -244,6 +383,99 @@ class CliTest(unittest.TestCase):
                 "print('openai' in sys.modules, 'psycopg' in sys.modules)")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
         self.assertTrue(result.stdout.strip().endswith("False False"), result.stdout + result.stderr)
+
+
+class HostileDirectoryTest(unittest.TestCase):
+    """Every broken SKILL.md at once, next to one good skill: each command still works."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-hostile-"))
+        self.skills = hostile_dir(self.tmp)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_registry_loads_the_good_skill(self):
+        reg = load_registry(None, self.skills)
+        self.assertEqual([s.name for s in reg], ["echo_good"])
+        self.assertEqual(len(reg.problems), len(BROKEN))
+        for name, message in BROKEN.items():
+            self.assertTrue(any(p.startswith(f"{self.skills}/{name}/SKILL.md{message}") for p in reg.problems),
+                            (name, reg.problems))
+
+    def test_skills_and_skills_check(self):
+        result = ias("skills", "check", env={"IAS_SKILLS_DIR": str(self.skills)})
+        self.assertEqual(result.returncode, 1, result.stderr)
+        for name, message in BROKEN.items():
+            self.assertRegex(result.stdout, rf"(?m)^{self.skills}/{name}/SKILL\.md{re.escape(message)}")
+        self.assertLess(max(map(len, result.stdout.splitlines())), 400)
+        listing = ias("skills", "--json", env={"IAS_SKILLS_DIR": str(self.skills)})
+        self.assertEqual(listing.returncode, 0, listing.stderr)
+        self.assertIn("echo_good", [row["name"] for row in json.loads(listing.stdout)])
+
+
+class HostileDirectoryDaemonTest(unittest.TestCase):
+    """`run`, `--once` and the daemon with the hostile directory: real processes, real PostgreSQL."""
+
+    def setUp(self):
+        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-hostile-"))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_", "NOTIFY_"))}
+        self.env.update({"IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": str(self.tmp / "var"),
+                         "IAS_SKILLS_DIR": str(hostile_dir(self.tmp)), "OPENAI_API_KEY": "sk-never-visible"})
+
+    def tearDown(self):
+        drop_schema(self.schema_name)
+        shutil.rmtree(self.tmp)
+
+    def ias(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
+                              env={**self.env, **(env or {})}, cwd=self.tmp, timeout=60, stdin=subprocess.DEVNULL)
+
+    def test_run(self):
+        result = self.ias("run", "echo_good", '{"text": "hi"}')
+        self.assertEqual((result.returncode, json.loads(result.stdout)), (0, {"success": True, "echo": "hi"}),
+                         result.stderr)
+        # Arguments nested too deep are refused before parsing, and nothing runs.
+        for deep in ('{"text": ' + "[" * 500 + "]" * 500 + "}", "[" * 100000):
+            result = self.ias("run", "echo_good", deep)
+            self.assertEqual((result.returncode, result.stdout), (2, ""), result.stderr)
+            self.assertEqual(result.stderr, "ias: parameters are not valid JSON: nested deeper than 64 levels\n")
+
+    def test_once_with_the_good_skill_and_deep_arguments(self):
+        deep = '{"text": ' + "[" * 100000 + "]" * 100000 + "}"
+        with LLMServer([calls(("echo_good", {"text": "hi"}), ("echo_good", deep)), text("好了")]) as server:
+            result = self.ias("--once", "回声", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url})
+        self.assertEqual((result.returncode, result.stdout), (0, "好了\n"), result.stderr)
+        results = [json.loads(m["content"]) for m in server.requests[1]["messages"] if m["role"] == "tool"]
+        self.assertEqual(results[0], {"success": True, "echo": "hi"})
+        self.assertEqual(results[1]["success"], False)
+        self.assertTrue(results[1]["error"].startswith("参数错误：$: arguments are not valid JSON (nested deeper than 64"),
+                        results[1])
+
+    def test_daemon(self):
+        proc = subprocess.Popen([sys.executable, str(REPO / "ias.py")], env=self.env, cwd=self.tmp, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            proc.stdin.write('/run echo_good {"text": "daemon"}\n')
+            proc.stdin.flush()
+            line = ""
+            deadline = time.monotonic() + 30
+            while "daemon" not in line and time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+            self.assertIn('"echo": "daemon"', line)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+            self.assertEqual(proc.returncode, 0)
+            self.assertIn("skill not loaded", proc.stderr.read())
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                stream.close()
 
 
 if __name__ == "__main__":

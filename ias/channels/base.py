@@ -1,6 +1,7 @@
 """The one interface every channel implements: start, stop, send, and inbound messages."""
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -34,6 +35,11 @@ class Channel(ABC):
     @abstractmethod
     async def send(self, user_id: str, text: str) -> bool:
         """Send `text` to `user_id`; True once delivered (or handed to the transport)."""
+
+    async def watch(self) -> None:
+        """Until the channel's own background loop ends: returns when it stopped on purpose, raises
+        what crashed it. The daemon runs this under its supervisor. Default: no loop of its own."""
+        await asyncio.Event().wait()
 
     def can_confirm(self) -> bool:
         """Whether a confirmation code may be sent here: a person reads it, and it is not a log."""

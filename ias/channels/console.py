@@ -1,7 +1,9 @@
 """The console channel: the terminal is the owner's chat (development, `ias run`, `--once`).
 
 stdin is read by a daemon thread, because asyncio's pipe reader would switch the terminal to
-non-blocking mode, which stdout shares; the thread hands each line to the event loop.
+non-blocking mode, which stdout shares; the thread hands each line to the event loop. Lines are
+read as bytes and decoded as UTF-8 with replacement characters, so invalid input (a stray
+byte, a cut multi-byte character) costs a character, never the console.
 """
 from __future__ import annotations
 
@@ -46,10 +48,13 @@ class ConsoleChannel(Channel):
         self.started = True
 
         def pump() -> None:
-            for line in self.stdin:
-                text = line.rstrip("\r\n")
-                if text.strip():
-                    asyncio.run_coroutine_threadsafe(deliver(Inbound(self.name, self.user_id, text)), loop)
+            try:
+                for line in _lines(self.stdin):
+                    text = line.rstrip("\r\n")
+                    if text.strip():
+                        asyncio.run_coroutine_threadsafe(deliver(Inbound(self.name, self.user_id, text)), loop)
+            except (OSError, ValueError):        # the terminal went away, or stdin was closed under us
+                pass
             loop.call_soon_threadsafe(self.closed.set)
 
         self._thread = threading.Thread(target=pump, name="console-stdin", daemon=True)
@@ -65,3 +70,13 @@ class ConsoleChannel(Channel):
         except (OSError, ValueError):
             return False
         return True
+
+
+def _lines(stream: TextIO):
+    """The stream's lines as text; from its byte buffer when it has one, decoded leniently."""
+    raw = getattr(stream, "buffer", None)
+    if raw is None:                      # already text (e.g. io.StringIO)
+        yield from stream
+        return
+    for line in raw:
+        yield line.decode("utf-8", "replace")

@@ -303,6 +303,10 @@ class WeChatChannel(Channel):
         self._poller = asyncio.create_task(self._poll(), name="wechat-poll")
         self._poller.add_done_callback(self._finished)
 
+    async def watch(self) -> None:
+        if self._poller is not None:
+            await asyncio.shield(self._poller)      # a crash of the long poll stops the daemon
+
     async def stop(self) -> None:
         tasks = [task for task in (self._poller, *self._notes) if task is not None and not task.done()]
         for task in tasks:

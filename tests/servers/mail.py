@@ -4,8 +4,11 @@ Both listen on 127.0.0.1, port 0 (`server.port` after start), speak just enough 
 for smtplib and imaplib, and record what the client did so tests can check it:
 
 - SMTPServer (RFC 5321, 4954, 3207): EHLO/HELO, AUTH PLAIN and LOGIN against one user and
-  password (`auth_attempts`), MAIL/RCPT/DATA with dot-unstuffing (`messages`: envelope and raw
-  bytes), RSET, NOOP, QUIT, and STARTTLS or implicit TLS when given an `ssl.SSLContext`.
+  password, credentials decoded as UTF-8 (`auth_attempts`; `mechanisms` is what EHLO advertises,
+  "PLAIN LOGIN" as Postfix with Dovecot SASL), MAIL/RCPT/DATA with dot-unstuffing (`messages`:
+  envelope and raw bytes), RSET, NOOP, QUIT, and STARTTLS or implicit TLS when given an
+  `ssl.SSLContext`. `stall="greeting"|"data"` goes silent before the greeting or after the
+  message data (a server that took the mail but never said so) until the server is closed.
 - IMAPServer (RFC 3501, 2971): CAPABILITY (ID advertised unless told not to), STARTTLS, LOGIN
   (`logins`), ID (`ids`), SELECT/EXAMINE of INBOX (`selects`, with the read-only flag),
   UID SEARCH UNSEEN|ALL, UID FETCH of BODY.PEEK[], BODY.PEEK[HEADER] and
@@ -140,10 +143,13 @@ class _Base:
 
 class SMTPServer(_Base):
     def __init__(self, user: str | None = None, password: str | None = None, *, tls: str | None = None,
-                 context: ssl.SSLContext | None = None):
+                 context: ssl.SSLContext | None = None, mechanisms: str = "PLAIN LOGIN", stall: str | None = None):
         super().__init__(tls, context)
         self.user = user
         self.password = password
+        self.mechanisms = mechanisms
+        self.stall = stall
+        self.closing = threading.Event()
         self.messages: list[dict] = []        # {"mail_from", "rcpt_to", "data", "tls", "user"}
         self.commands: list[str] = []         # command lines (AUTH payloads left out)
         self.auth_attempts: list[tuple[str, str, bool]] = []    # (mechanism, user, accepted)
@@ -154,9 +160,16 @@ class SMTPServer(_Base):
         except ValueError:
             return b""
 
+    def __exit__(self, *exc_info):
+        self.closing.set()
+        super().__exit__(*exc_info)
+
     def _auth(self, conn: _Conn, arg: str) -> str | None:
         mechanism, _, initial = arg.partition(" ")
         mechanism = mechanism.upper()
+        if mechanism not in self.mechanisms.upper().split():
+            conn.line("504 5.5.4 Unrecognized authentication type")
+            return None
         if mechanism == "PLAIN":
             if not initial:
                 conn.line("334 ")
@@ -184,6 +197,9 @@ class SMTPServer(_Base):
         return None
 
     def session(self, conn: _Conn) -> None:
+        if self.stall == "greeting":
+            self.closing.wait(SOCKET_TIMEOUT)
+            return
         conn.line("220 localhost ESMTP iAs test server")
         authed = None
         envelope = None
@@ -200,7 +216,7 @@ class SMTPServer(_Base):
                 if self.tls == "starttls" and not conn.tls:
                     extensions.append("STARTTLS")
                 if self.user is not None:
-                    extensions.append("AUTH PLAIN LOGIN")
+                    extensions.append(f"AUTH {self.mechanisms}")
                 for i, extension in enumerate(extensions):
                     conn.line(("250 " if i == len(extensions) - 1 else "250-") + extension)
             elif verb == "HELO":
@@ -250,6 +266,9 @@ class SMTPServer(_Base):
                 envelope["data"] = b"".join(lines)
                 self.messages.append(envelope)
                 envelope = None
+                if self.stall == "data":
+                    self.closing.wait(SOCKET_TIMEOUT)
+                    return
                 conn.line("250 2.0.0 OK queued")
             elif verb == "RSET":
                 envelope = None

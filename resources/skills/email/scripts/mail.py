@@ -21,26 +21,49 @@ Handled, and why:
 - 163/126 refuse SELECT ("Unsafe Login") until the client sends the IMAP ID command
   (RFC 2971), which imaplib does not know: it is registered in `imaplib.Commands` and sent
   after login when the server advertises ID.
+- Attachment names in raw 8-bit headers (Foxmail, older Outlook: GBK or UTF-8 bytes, no
+  RFC 2047/2231) are decoded from the raw header bytes (UTF-8, else GB18030); the compat32
+  parser would otherwise hand them over as U+FFFD.
+- What goes to stdout fits the 64 KiB *bytes* the model may see (`OUTPUT_MAX`): `read` cuts the
+  body to fit and says `body_truncated`, keeping every other field valid JSON.
+- SMTP login is one attempt: one mechanism the server advertises (PLAIN, else LOGIN), done
+  here because smtplib's `login()` tries the next mechanism after a refusal (two failed
+  logins per call; QQ and 163 lock accounts) and encodes credentials as ASCII. User and
+  password go as UTF-8 in base64. IMAP LOGIN is one command; a non-ASCII IMAP password is
+  refused with a clear message.
+- One overall deadline (`IAS_EMAIL_TIMEOUT`, default and at most 50 s, inside the skill's 60 s)
+  on top of the per-step `NET_TIMEOUT`; a send cut off after the message data went out says
+  its delivery is unknown rather than guessing.
+- A login over `…_SSL=none` to a host other than loopback would send the password in clear:
+  refused unless `IAS_SMTP_ALLOW_PLAIN_LOGIN=1` / `IAS_IMAP_ALLOW_PLAIN_LOGIN=1`.
 """
+import base64
 import codecs
 import email
 import email.header
 import email.utils
 import html.parser
 import imaplib
+import ipaddress
 import json
 import os
 import re
+import signal
 import smtplib
 import socket
 import ssl
 import sys
 from email.errors import HeaderParseError
 from email.headerregistry import Address
-from email.message import EmailMessage
+from email.message import EmailMessage, Message
 
 VERSION = "1.0"
-NET_TIMEOUT = 20            # seconds per network operation; the skill's ## Timeout is 60
+NET_TIMEOUT = 20            # seconds per network operation
+DEADLINE_MAX = 50           # seconds for the whole call (IAS_EMAIL_TIMEOUT may lower it); ## Timeout is 60
+OUTPUT_MAX = 64 * 1024 - 512    # bytes of stdout: the runner shows the model 64 KiB; a margin for safety
+HEADER_MAX = 2000           # characters of one header value in a result
+ATTACHMENTS_MAX = 100       # attachment names listed by `read`
+NAME_MAX = 255              # characters of one attachment name
 LIMIT_DEFAULT = 10
 LIMIT_MAX = 50
 BODY_MAX = 20000            # characters of body returned by `read`
@@ -59,16 +82,75 @@ SSL_MODES = {"ssl": "ssl", "tls": "ssl", "starttls": "starttls", "none": "none",
 
 
 class Fail(Exception):
-    """An expected failure: its message goes to the model as is."""
+    """An expected failure: its message goes to the model as is, with any extra result fields."""
+
+    def __init__(self, message, **fields):
+        super().__init__(message)
+        self.fields = fields
+
+
+class Deadline(Exception):
+    """The call's overall time limit passed (raised from SIGALRM, wherever the call was)."""
+
+
+DEADLINE = {"seconds": DEADLINE_MAX, "passed": False}
+
+
+def start_deadline():
+    raw = env("IAS_EMAIL_TIMEOUT")
+    try:
+        seconds = min(max(float(raw), 0.1), DEADLINE_MAX) if raw else DEADLINE_MAX
+    except ValueError:
+        seconds = DEADLINE_MAX
+    DEADLINE["seconds"] = seconds
+
+    def expired(_signum, _frame):
+        DEADLINE["passed"] = True
+        raise Deadline()
+    signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def deadline_text():
+    return f"{DEADLINE['seconds']:g} s"
 
 
 # ---------------------------------------------------------------------------------------
 # Output
 
 
+def encoded(result):
+    # ensure_ascii=False as the model reads it; "replace": a lone surrogate cannot break it
+    return json.dumps(result, ensure_ascii=False).encode("utf-8", "replace") + b"\n"
+
+
+def fit_text(result, key, flag=None):
+    """Cut result[key] (a string) so the whole result fits OUTPUT_MAX bytes; set result[flag] if cut."""
+    if len(encoded(result)) <= OUTPUT_MAX:
+        return result
+    text = result[key]
+    if flag:
+        result[flag] = True
+    low, high = 0, len(text)        # the longest prefix that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        result[key] = text[:middle]
+        if len(encoded(result)) <= OUTPUT_MAX:
+            low = middle
+        else:
+            high = middle - 1
+    result[key] = text[:low]
+    return result
+
+
 def emit(result):
-    text = json.dumps(result, ensure_ascii=False)
-    sys.stdout.buffer.write(text.encode("utf-8", "replace") + b"\n")   # a lone surrogate cannot break it
+    data = encoded(result)
+    if len(data) > OUTPUT_MAX:       # never the model's cut, unparsable JSON: a short error instead
+        if isinstance(result.get("error"), str):
+            data = encoded(fit_text(result, "error"))
+        if len(data) > OUTPUT_MAX:
+            data = encoded({"success": False, "error": "the result was too large to return"})
+    sys.stdout.buffer.write(data)
     sys.stdout.flush()
 
 
@@ -161,11 +243,29 @@ def html_to_text(markup):
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
+def raw_header(part, name):
+    """A header's value as text, raw 8-bit bytes decoded (UTF-8, else GB18030); None if absent."""
+    for key, value in part.raw_items():
+        if key.lower() == name:
+            return clean(value) if isinstance(value, str) else str(value)
+    return None
+
+
+def header_param(part, header, param):
+    """A parameter of a header, read from the raw value (compat32 turns 8-bit bytes into U+FFFD)."""
+    value = raw_header(part, header)
+    if value is None:
+        return None
+    holder = Message()
+    holder[header] = value
+    return holder.get_param(param, None, header)
+
+
 def part_filename(part):
     """The attachment name of a MIME part (RFC 2231, RFC 2047 or raw 8-bit), or None."""
-    raw = part.get_param("filename", None, "content-disposition")
+    raw = header_param(part, "content-disposition", "filename")
     if raw is None:
-        raw = part.get_param("name", None, "content-type")
+        raw = header_param(part, "content-type", "name")
     if raw is None:
         return None
     if isinstance(raw, tuple):      # RFC 2231: (charset, language, value as latin-1 text)
@@ -175,7 +275,7 @@ def part_filename(part):
         text = clean(email.utils.unquote(raw))
     if "=?" in text:
         text = header_text(text)
-    return text
+    return text[:NAME_MAX]
 
 
 def part_text(part):
@@ -194,7 +294,8 @@ def message_body(msg):
             continue
         name = part_filename(part)
         if part.get_content_disposition() == "attachment" or name is not None:
-            attachments.append(name or "(unnamed)")
+            if len(attachments) < ATTACHMENTS_MAX:
+                attachments.append(name or "(unnamed)")
             continue
         kind = part.get_content_type()
         if kind == "text/plain" and plain is None:
@@ -241,6 +342,22 @@ def credentials(prefix):
         raise Fail(f"{prefix}_PASSWORD is not set (needed to log in as {prefix}_USER); "
                    "QQ and 163 Mail need an authorization code, not the account password")
     return user, password
+
+
+def loopback(host):
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_plain_login(prefix, mode, host, user):
+    """A password sent without TLS is readable on the network: only to loopback unless allowed."""
+    if user and mode == "none" and not loopback(host) and env(f"{prefix}_ALLOW_PLAIN_LOGIN") != "1":
+        raise Fail(f"refusing to send {prefix}_PASSWORD in clear text to {host} ({prefix}_SSL=none): set "
+                   f"{prefix}_SSL=ssl or starttls, or {prefix}_ALLOW_PLAIN_LOGIN=1 if that network is trusted")
 
 
 def tls_context():
@@ -297,6 +414,49 @@ def build_message(sender, to, subject, body):
     return msg, recipient
 
 
+class _Tracking:
+    """Notes when the message data starts to go out: after that, a cut-off send may have arrived."""
+    data_started = False
+
+    def data(self, msg):
+        self.data_started = True
+        return super().data(msg)
+
+
+class SMTPClient(_Tracking, smtplib.SMTP):
+    pass
+
+
+class SMTPSSLClient(_Tracking, smtplib.SMTP_SSL):
+    pass
+
+
+def b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def smtp_login(server, user, password, where):
+    """One AUTH attempt with one advertised mechanism (PLAIN, else LOGIN); UTF-8 credentials."""
+    server.ehlo_or_helo_if_needed()
+    if not server.has_extn("auth"):
+        raise smtplib.SMTPNotSupportedError("SMTP AUTH extension not supported by server.")
+    offered = server.esmtp_features["auth"].upper().split()
+    if "PLAIN" in offered:
+        code, reply = server.docmd("AUTH", "PLAIN " + b64(b"\0" + user.encode() + b"\0" + password.encode()))
+    elif "LOGIN" in offered:
+        code, reply = server.docmd("AUTH", "LOGIN")
+        if code == 334:
+            code, reply = server.docmd(b64(user.encode()))
+        if code == 334:
+            code, reply = server.docmd(b64(password.encode()))
+    else:
+        raise Fail(f"{where} offers no login iAs supports (PLAIN or LOGIN); it offers: {' '.join(offered) or 'none'}")
+    if code == 334:                     # an unexpected challenge: give up rather than try again
+        server.docmd("*")
+    if code != 235:
+        raise smtplib.SMTPAuthenticationError(code, reply)
+
+
 def send(params):
     missing = [key for key in ("to", "subject", "body") if not isinstance(params.get(key), str)]
     if missing:
@@ -311,26 +471,33 @@ def send(params):
     mode = ssl_mode("IAS_SMTP_SSL")
     port = port_of("IAS_SMTP_PORT", {"ssl": 465, "starttls": 587, "none": 25}[mode])
     user, password = credentials("IAS_SMTP")
+    refuse_plain_login("IAS_SMTP", mode, host, user)
     sender = sender_address(user)
     msg, recipient = build_message(sender, to, subject, body)
 
     where = f"SMTP server {host}:{port}"
+    server = None
     try:
         if mode == "ssl":
-            server = smtplib.SMTP_SSL(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT,
-                                      context=tls_context())
+            server = SMTPSSLClient(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT,
+                                   context=tls_context())
         else:
-            server = smtplib.SMTP(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT)
-    except Exception as exc:
-        raise Fail(network_error(exc, where, "IAS_SMTP")) from None
-    try:
+            server = SMTPClient(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT)
         if mode == "starttls":
             server.ehlo()
             server.starttls(context=tls_context())
             server.ehlo()
         if user:
-            server.login(user, password)
+            smtp_login(server, user, password, where)
         server.send_message(msg, from_addr=sender.addr_spec, to_addrs=[recipient.addr_spec])
+    except Fail:
+        raise
+    except (Deadline, TimeoutError, socket.timeout, smtplib.SMTPServerDisconnected) as exc:
+        if server is not None and server.data_started:
+            raise Fail(f"{where} did not confirm the message ({network_error(exc, where, 'IAS_SMTP')}): "
+                       "delivery is unknown, it may or may not have been sent; check the Sent folder or ask "
+                       "the recipient before sending it again", delivery="unknown") from None
+        raise Fail(network_error(exc, where, "IAS_SMTP") + "; the message was not sent") from None
     except smtplib.SMTPAuthenticationError as exc:
         raise Fail(f"SMTP login as {user} failed at {where}: {smtp_reply(exc)}. Check IAS_SMTP_USER and "
                    "IAS_SMTP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
@@ -353,10 +520,13 @@ def send(params):
     except Exception as exc:
         raise Fail(network_error(exc, where, "IAS_SMTP")) from None
     finally:
-        try:
-            server.quit()
-        except Exception:
-            server.close()
+        if server is not None:
+            try:
+                if DEADLINE["passed"]:
+                    raise Deadline()
+                server.quit()
+            except Exception:
+                server.close()
     return {"success": True, "sent": True, "from": str(sender), "to": recipient.addr_spec,
             "subject": str(msg["Subject"]), "message_id": str(msg["Message-ID"])}
 
@@ -390,6 +560,7 @@ class Mailbox:
         self.mode = ssl_mode("IAS_IMAP_SSL")
         self.port = port_of("IAS_IMAP_PORT", 993 if self.mode == "ssl" else 143)
         self.user, self.password = credentials("IAS_IMAP")
+        refuse_plain_login("IAS_IMAP", self.mode, self.host, self.user)
         self.where = f"IMAP server {self.host}:{self.port}"
         self.imap = None
 
@@ -451,9 +622,14 @@ class Mailbox:
     def close(self):
         if self.imap is not None:
             try:
+                if DEADLINE["passed"]:
+                    raise Deadline()
                 self.imap.logout()
             except Exception:
-                pass
+                try:
+                    self.imap.shutdown()
+                except Exception:
+                    pass
             self.imap = None
 
     def uid(self, command, *args):
@@ -505,9 +681,14 @@ def list_unread(params):
                 if uid not in headers:
                     continue
                 msg = email.message_from_bytes(headers[uid])
-                messages.append({"uid": str(uid), "from": header_text(msg["From"]),
-                                 "subject": header_text(msg["Subject"]), "date": header_text(msg["Date"])})
-    return {"success": True, "unread": len(uids), "messages": messages}
+                messages.append({"uid": str(uid), "from": header_text(msg["From"])[:HEADER_MAX],
+                                 "subject": header_text(msg["Subject"])[:HEADER_MAX],
+                                 "date": header_text(msg["Date"])[:HEADER_MAX]})
+    result = {"success": True, "unread": len(uids), "messages": messages}
+    while messages and len(encoded(result)) > OUTPUT_MAX:     # fewer messages rather than cut JSON
+        messages.pop()
+        result["messages_truncated"] = True
+    return result
 
 
 def read(params):
@@ -523,14 +704,15 @@ def read(params):
         raise Fail(f"no message with uid {uid} in INBOX")
     msg = email.message_from_bytes(raw)
     body, attachments = message_body(msg)
-    result = {"success": True, "uid": uid, "from": header_text(msg["From"]), "to": header_text(msg["To"])}
+    result = {"success": True, "uid": uid, "from": header_text(msg["From"])[:HEADER_MAX],
+              "to": header_text(msg["To"])[:HEADER_MAX]}
     if msg["Cc"] is not None:
-        result["cc"] = header_text(msg["Cc"])
-    result.update(subject=header_text(msg["Subject"]), date=header_text(msg["Date"]), body=body[:BODY_MAX],
-                  attachments=attachments)
+        result["cc"] = header_text(msg["Cc"])[:HEADER_MAX]
+    result.update(subject=header_text(msg["Subject"])[:HEADER_MAX], date=header_text(msg["Date"])[:HEADER_MAX],
+                  attachments=attachments, body=body[:BODY_MAX])
     if len(body) > BODY_MAX:
         result["body_truncated"] = True
-    return result
+    return fit_text(result, "body", "body_truncated")      # the 64 KiB are bytes: 20,000 emoji are 80 KB
 
 
 # ---------------------------------------------------------------------------------------
@@ -541,6 +723,8 @@ def network_error(exc, where, prefix):
     """A clear one-line message for a connection or protocol failure (no traceback, no password)."""
     if isinstance(exc, Fail):
         return str(exc)
+    if isinstance(exc, Deadline):
+        return f"{where} did not finish within {deadline_text()} (IAS_EMAIL_TIMEOUT)"
     if isinstance(exc, smtplib.SMTPServerDisconnected):
         if "timed out" in str(exc):
             return f"no answer from {where} within {NET_TIMEOUT} s"
@@ -587,11 +771,15 @@ def main():
         emit({"success": False, "error": "action must be send, list_unread or read"})
         return
     try:
+        start_deadline()
         result = ACTIONS[action](params)
     except Fail as exc:
-        result = {"success": False, "error": str(exc)}
+        result = {"success": False, "error": str(exc), **exc.fields}
+    except Deadline:
+        result = {"success": False, "error": f"email {action} did not finish within {deadline_text()}"}
     except Exception as exc:        # a bug or a server answer nobody expected: still no traceback
         result = {"success": False, "error": f"email {action} failed: {type(exc).__name__}: {exc}"}
+    signal.setitimer(signal.ITIMER_REAL, 0)
     emit(result)
 
 

@@ -1,0 +1,110 @@
+"""The database monitor: notices a lost database, reconnects, and gives up loudly after a limit.
+
+Nothing polls: whoever meets a StoreError calls `suspect()` — the scheduler's LISTEN
+connection sees EOF the moment the server goes away, a turn meets it on its next statement.
+The monitor then checks with a fresh connection; if that fails too, the database is
+*unavailable*: it retries with exponential backoff, restarting the embedded server first on
+every attempt when the database is iAs's own (`Cluster.start()` is idempotent). Reachable
+again: `available` is set and waiters resume. Still unreachable after DB_LOST_LIMIT seconds:
+one log line and `on_gone`, which makes the daemon exit non-zero so that systemd's
+Restart=on-failure acts — never a daemon that only apologises.
+
+Not handled: a statement that fails for other reasons (a constraint, a bug) also triggers a
+check, which then simply finds the database reachable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from .errors import IasError, StoreError
+from .limits import DB_LOST_LIMIT, DB_RETRY_FIRST, DB_RETRY_MAX
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class DatabaseMonitor:
+    """Whether the database is reachable now, and the reconnect loop when it is not."""
+
+    def __init__(self, store: Store, on_gone: Callable[[str], None], *, restart: Callable[[], object] | None = None,
+                 limit: float = DB_LOST_LIMIT, first_delay: float = DB_RETRY_FIRST, max_delay: float = DB_RETRY_MAX,
+                 clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.on_gone = on_gone
+        self.restart = restart          # blocking (runs pg_ctl): called in a thread
+        self.limit = limit
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.clock = clock
+        self._suspect = asyncio.Event()
+        self._available = asyncio.Event()
+        self._available.set()
+        self._checked = asyncio.Event()      # set after each check (or outage) is over
+        self._outages = 0
+
+    @property
+    def available(self) -> bool:
+        return self._available.is_set()
+
+    def suspect(self) -> None:
+        """A statement failed with a StoreError: check the database soon (returns at once)."""
+        self._suspect.set()
+
+    async def settle(self) -> bool:
+        """Suspect the database and wait for the verdict; True when it was lost (and is back now)."""
+        before = self._outages
+        self._checked.clear()
+        self.suspect()
+        await self._checked.wait()
+        await self._available.wait()
+        return self._outages != before
+
+    async def run(self) -> None:
+        """Forever: wait for a suspicion, check it, and reconnect when the database is really gone."""
+        while True:
+            await self._suspect.wait()
+            self._suspect.clear()
+            try:
+                await self.store.reconnect()
+                self._checked.set()
+                continue                        # the database is fine: the failure was something else
+            except StoreError as exc:
+                reason = exc
+            self._outages += 1
+            self._available.clear()
+            log.error("database lost (%s); reconnecting%s", reason,
+                      " and restarting the embedded PostgreSQL" if self.restart else "")
+            lost_at = self.clock()
+            reason = await self._reconnect(lost_at)
+            if reason is not None:
+                log.critical("database unreachable for %.0fs (%s); exiting so that the service manager "
+                             "restarts iAs", self.clock() - lost_at, reason)
+                self.on_gone(f"database unreachable: {reason}")
+                return
+            log.warning("database reachable again after %.1fs", self.clock() - lost_at)
+            self._suspect.clear()
+            self._available.set()
+            self._checked.set()
+
+    async def _reconnect(self, lost_at: float) -> Exception | None:
+        """Retry with backoff until connected (None) or past the limit (the last error)."""
+        delay = self.first_delay
+        while True:
+            if self.restart is not None:
+                try:
+                    await asyncio.to_thread(self.restart)
+                except IasError as exc:
+                    log.debug("restarting the embedded PostgreSQL failed: %s", exc)
+            try:
+                await self.store.reconnect()
+                return None
+            except StoreError as exc:
+                last = exc
+            left = self.limit - (self.clock() - lost_at)
+            if left <= 0:
+                return last
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, self.max_delay)

@@ -1,0 +1,58 @@
+"""Configuration: every path setting is made absolute once, against the working directory at start."""
+import os
+import tempfile
+import unittest
+from pathlib import Path
+
+from ias.config import REPO_ROOT, Config, load
+from ias.errors import ConfigError
+
+
+class PathsTest(unittest.TestCase):
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory(prefix="ias-config-")
+        self.addCleanup(tmp.cleanup)
+        self.tmp = Path(tmp.name).resolve()
+        cwd = os.getcwd()
+        self.addCleanup(os.chdir, cwd)
+        os.chdir(self.tmp)
+
+    def test_relative_settings_from_the_environment_become_absolute(self):
+        config = load(environ={"IAS_DATA_DIR": "data/../state", "IAS_SECRET_KEY_FILE": "keys/ias.key",
+                               "IAS_SKILLS_DIR": "./my-skills"})
+        self.assertEqual(config.data_dir, self.tmp / "state")
+        self.assertEqual(config.key_file, self.tmp / "keys" / "ias.key")
+        self.assertEqual(config.skills_dir, self.tmp / "my-skills")
+
+    def test_relative_settings_from_ias_toml_become_absolute(self):
+        (self.tmp / "ias.toml").write_text('data_dir = "var2"\nskills_dir = "s"\n', encoding="utf-8")
+        config = load(environ={})
+        self.assertEqual((config.data_dir, config.skills_dir), (self.tmp / "var2", self.tmp / "s"))
+        self.assertEqual(config.key_file, self.tmp / "var2" / "secret.key")
+
+    def test_defaults_are_absolute_and_stay_put_when_the_cwd_changes(self):
+        config = load(environ={})
+        self.assertEqual(config.data_dir, self.tmp / "var")
+        self.assertEqual(config.key_file, self.tmp / "var" / "secret.key")
+        self.assertEqual(config.skills_dir, REPO_ROOT / "skills")
+        os.chdir("/")
+        self.assertEqual(config.data_dir, self.tmp / "var")
+
+    def test_home_is_expanded(self):
+        config = load(environ={"IAS_DATA_DIR": "~/ias-state", "HOME": "/home/someone"})
+        self.assertTrue(config.data_dir.is_absolute())
+        self.assertEqual(config.data_dir.name, "ias-state")
+        self.assertNotIn("~", str(config.data_dir))
+
+    def test_a_data_dir_that_is_a_file_is_refused(self):
+        (self.tmp / "afile").write_text("")
+        with self.assertRaisesRegex(ConfigError, "^IAS_DATA_DIR .*afile is not a directory$"):
+            load(environ={"IAS_DATA_DIR": "afile"})
+
+    def test_a_config_built_directly_is_absolute_too(self):
+        self.assertEqual(Config(data_dir=Path("d")).data_dir, self.tmp / "d")
+        self.assertEqual(Config(secret_key_file=Path("k")).key_file, self.tmp / "k")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,302 @@
+"""The embedded cluster shared by real processes: concurrent starts, the last user stops it, kill -9,
+a killed postmaster, the daemon's file lock, and where the server binaries are found."""
+import asyncio
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from pathlib import Path
+
+import psycopg
+
+from ias.app import instance_lock
+from ias.config import Config
+from ias.errors import ClusterError, IasError
+from ias.locks import FileLock
+from ias.pgcluster import Cluster, find_bindir, wheel_bindir
+from tests.support import REPO
+
+# One iAs-like user of the cluster: start (or join) it, query, say "up", wait for a line, stop using it.
+USER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import psycopg
+from ias.pgcluster import Cluster
+cluster = Cluster(sys.argv[1], fsync=False)
+with psycopg.connect(cluster.start(), autocommit=True) as conn:
+    conn.execute("SELECT 1")
+print("up", flush=True)
+sys.stdin.readline()
+cluster.stop()
+"""
+
+# Holds one lock until killed.
+HOLDER = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from ias.locks import FileLock
+assert FileLock(sys.argv[1]).acquire(wait=False)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def wait_gone(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rsplit(")", 1)[1].split()[0] in "ZX":
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} still alive")
+
+
+class ClusterTestCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-pgc-"))
+        os.chmod(self.tmp, 0o755)                 # as root, the server runs as `postgres`
+        self.datadir = self.tmp / "pg"
+        self.procs: list[subprocess.Popen] = []
+
+    def tearDown(self):
+        for proc in self.procs:
+            proc.kill()                               # a no-op for one that exited
+            with proc:                                # closes its pipes and reaps it
+                pass
+        cluster = Cluster(self.datadir)
+        if cluster.running():
+            cluster._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "immediate", "-w", check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def spawn(self, script: str, arg: Path) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(arg), str(REPO)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def user(self) -> subprocess.Popen:
+        return self.spawn(USER, self.datadir)
+
+    def up(self, proc: subprocess.Popen) -> None:
+        self.assertEqual(proc.stdout.readline(), "up\n")
+
+    def leave(self, proc: subprocess.Popen) -> None:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.wait(timeout=30), 0)
+
+    def answers(self) -> bool:
+        with psycopg.connect(Cluster(self.datadir).dsn, autocommit=True) as conn:
+            return conn.execute("SELECT 1").fetchone() == (1,)
+
+    def postmaster(self) -> int:
+        return int((self.datadir / "postmaster.pid").read_text().split()[0])
+
+    def test_concurrent_starts_share_one_server_that_the_last_user_stops(self):
+        users = [self.user() for _ in range(5)]          # a fresh data directory: initdb races too
+        for proc in users:
+            self.up(proc)
+        observer = Cluster(self.datadir)
+        self.assertTrue(observer.running())
+        postmaster = self.postmaster()
+        for proc in users[:-1]:
+            self.leave(proc)
+            self.assertTrue(observer.running())
+            self.assertTrue(self.answers())
+            self.assertEqual(self.postmaster(), postmaster)
+        self.leave(users[-1])
+        self.assertFalse(observer.running())
+        self.assertFalse((self.datadir / "postmaster.pid").exists())
+        wait_gone(postmaster)
+
+    def test_a_user_that_joins_later_keeps_the_server_for_itself(self):
+        first = self.user()
+        self.up(first)
+        second = self.user()
+        self.up(second)
+        self.leave(first)                                # the one that started it
+        self.assertTrue(self.answers())
+        self.leave(second)
+        self.assertFalse(Cluster(self.datadir).running())
+
+    def test_kill_9_of_a_user_releases_its_share(self):
+        first, second = self.user(), self.user()
+        self.up(first)
+        self.up(second)
+        second.kill()
+        second.wait()
+        self.leave(first)                                # now the last user: it stops the server
+        self.assertFalse(Cluster(self.datadir).running())
+
+    def test_lock_descriptors_are_not_inherited_by_postgres(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.start()
+        try:
+            for pid in [self.postmaster()]:
+                targets = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+                self.assertFalse({str(self.tmp / "pg.users"), str(self.tmp / "pg.lock")} & targets)
+        finally:
+            cluster.stop()
+
+    def test_start_again_after_kill_9_of_the_postmaster(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        dsn = cluster.start()
+        self.assertEqual(cluster.start(), dsn)          # idempotent while it runs: same server
+        busy = threading.Thread(target=self.busy_backend, args=(dsn,))
+        busy.start()
+        try:
+            time.sleep(0.3)                              # the query is running
+            postmaster = self.postmaster()
+            os.kill(postmaster, signal.SIGKILL)
+            wait_gone(postmaster)
+            self.assertFalse(cluster.running())
+            # Stale postmaster.pid, and the busy backend still holds the shared memory for a moment.
+            with self.assertLogs("ias.pgcluster", "INFO") as logs:
+                self.assertEqual(cluster.start(), dsn)
+            self.assertIn("retrying", "\n".join(logs.output))
+        finally:
+            busy.join()
+        self.assertNotEqual(self.postmaster(), postmaster)
+        self.assertTrue(self.answers())
+        cluster.stop()
+        self.assertFalse(cluster.running())
+
+    @staticmethod
+    def busy_backend(dsn: str) -> None:
+        """A backend that computes without looking at its postmaster for about a second."""
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT count(*) FROM generate_series(1, 20000000)")
+        except psycopg.OperationalError:
+            pass
+
+    def test_stop_without_start_leaves_the_server_alone(self):
+        user = self.user()
+        self.up(user)
+        Cluster(self.datadir).stop()
+        self.assertTrue(self.answers())
+        self.leave(user)
+
+
+class InstanceLockTestCase(unittest.IsolatedAsyncioTestCase):
+    async def asyncSetUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-lock-"))
+        self.config = Config(data_dir=self.tmp / "var")
+
+    async def asyncTearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    async def test_a_second_daemon_is_refused_until_the_first_is_gone(self):
+        async with instance_lock(self.config):
+            for _ in range(2):
+                with self.assertRaisesRegex(IasError, "another iAs daemon is already running"):
+                    async with instance_lock(self.config):
+                        pass
+        async with instance_lock(self.config):          # released at exit
+            pass
+
+    async def test_kill_9_of_the_holder_releases_the_lock(self):
+        path = self.config.data_dir / "daemon.lock"
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(REPO)], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            self.assertEqual(await asyncio.to_thread(holder.stdout.readline), "held\n")
+            with self.assertRaisesRegex(IasError, "another iAs daemon is already running"):
+                async with instance_lock(self.config):
+                    pass
+        finally:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+        async with instance_lock(self.config):
+            pass
+
+    def test_a_lock_cannot_be_taken_twice_through_one_object(self):
+        lock = FileLock(self.tmp / "x.lock")
+        self.assertTrue(lock.acquire(shared=True))
+        with self.assertRaises(RuntimeError):
+            lock.acquire()
+        lock.release()
+        self.assertTrue(lock.acquire(wait=False))
+        lock.release()
+
+
+class BindirTestCase(unittest.TestCase):
+    """find_bindir's order: PATH, the newest /usr/lib/postgresql/*/bin, the pgserver wheel."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-bin-"))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def server(self, relative: str, programs=("initdb", "pg_ctl", "postgres")) -> Path:
+        directory = self.tmp / relative
+        directory.mkdir(parents=True)
+        for name in programs:
+            (directory / name).write_text("#!/bin/sh\n")
+            (directory / name).chmod(0o755)
+        return directory
+
+    def find(self, path: str = "", wheel: Path | None = None) -> Path:
+        return find_bindir(path=path, system=str(self.tmp / "lib/postgresql/*/bin"), wheel=lambda: wheel)
+
+    def test_the_dsn_quotes_a_data_dir_with_spaces_quotes_and_backslashes(self):
+        datadir = "/tmp/a b/it's\\x/pg"
+        self.assertEqual(psycopg.conninfo.conninfo_to_dict(Cluster(Path(datadir)).dsn)["host"], datadir)
+
+    def test_path_first_through_a_symlink_to_the_real_directory(self):
+        real = self.server("lib/postgresql/9/bin")
+        self.server("lib/postgresql/16/bin")
+        onpath = self.tmp / "usr-local-bin"
+        onpath.mkdir()
+        (onpath / "pg_ctl").symlink_to(real / "pg_ctl")     # e.g. /usr/local/bin/pg_ctl alone
+        self.assertEqual(self.find(f"/nonexistent:{onpath}", self.server("wheel/bin")), real)
+
+    def test_a_path_entry_without_initdb_is_skipped(self):
+        self.server("client/bin", programs=("pg_ctl",))
+        system = self.server("lib/postgresql/15/bin")
+        self.assertEqual(self.find(str(self.tmp / "client/bin")), system)
+
+    def test_the_newest_system_version_before_the_wheel(self):
+        self.server("lib/postgresql/9/bin")
+        newest = self.server("lib/postgresql/15/bin")
+        self.server("lib/postgresql/13/bin", programs=("pg_ctl",))
+        self.assertEqual(self.find("", self.server("wheel/bin")), newest)
+
+    def test_the_wheel_when_nothing_else(self):
+        self.server("lib/postgresql/16/bin", programs=("initdb", "pg_ctl"))      # no server binary
+        wheel = self.server("wheel/bin")
+        self.assertEqual(self.find("", wheel), wheel)
+
+    def test_nothing_names_both_ways_to_get_binaries(self):
+        with self.assertRaises(ClusterError) as raised:
+            self.find("", self.tmp / "absent")
+        self.assertIn("apt-get install postgresql", str(raised.exception))
+        self.assertIn("pip install pgserver", str(raised.exception))
+
+    def test_the_wheel_is_located_without_importing_it(self):
+        package = self.tmp / "site" / "pgserver"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+        sys.path.insert(0, str(self.tmp / "site"))
+        try:
+            importlib.invalidate_caches()
+            self.assertEqual(wheel_bindir(), package / "pginstall" / "bin")
+            self.assertNotIn("pgserver", sys.modules)
+        finally:
+            sys.path.remove(str(self.tmp / "site"))
+            importlib.invalidate_caches()
+
+
+if __name__ == "__main__":
+    unittest.main()

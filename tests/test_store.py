@@ -1,0 +1,256 @@
+"""Every value survives the store: NUL, lone surrogates, NaN/Infinity and deep nesting, on every write path.
+
+Against the real PostgreSQL of the test run; the rule itself is in store.py's docstring.
+"""
+import asyncio
+import json
+import math
+import unittest
+import uuid
+from unittest import mock
+from datetime import datetime, timedelta, timezone
+
+from ias.audit import verify
+from ias.errors import StoreError
+from ias.limits import STORED_JSON_DEPTH
+from ias.store import TOO_DEEP, AuditEntry, Store, storable
+from tests.servers.llm import calls, text
+from tests.support import REPO, FakeOwner, GateTestCase, StoreTestCase
+from tests.test_agent import AgentTestCase
+
+NUL = "a\x00b"
+SURROGATE = "c\ud800d"                    # as from the JSON text "c\ud800d"
+ESCAPED = "e\udcffe"                      # invalid UTF-8 argv decoded with surrogateescape
+BAD_TEXTS = {NUL: "a\ufffdb", SURROGATE: "c\ufffdd", ESCAPED: "e\ufffde"}
+
+
+def nested(depth: int):
+    """A list nested `depth` deep, innermost holding 1 (built without recursion)."""
+    value = [1]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def depth_of(value) -> tuple[int, object]:
+    """(levels of single-element lists, what the innermost one holds)."""
+    levels = 0
+    while isinstance(value, list) and len(value) == 1:
+        value, levels = value[0], levels + 1
+    return levels, value
+
+
+def hostile() -> dict:
+    """A JSON value holding everything PostgreSQL refuses as such."""
+    return {"nul": NUL, "surrogate": SURROGATE, "escaped": ESCAPED, "nan": math.nan, "inf": math.inf,
+            "-inf": -math.inf, "key\x00": 1, "list": [NUL, math.nan, {"x\ud800": ESCAPED}],
+            "deep": nested(5_000), "fine": "普通 text", "number": 1.5}
+
+
+def assert_sanitised(test: unittest.TestCase, stored: dict, depth_offset: int = 1) -> None:
+    """`stored` is hostile() after the store's rule (its top level `depth_offset` deep in the document)."""
+    deep = stored.pop("deep")
+    test.assertEqual(stored, {"nul": "a\ufffdb", "surrogate": "c\ufffdd", "escaped": "e\ufffde", "nan": "NaN",
+                              "inf": "Infinity", "-inf": "-Infinity", "key\ufffd": 1,
+                              "list": ["a\ufffdb", "NaN", {"x\ufffd": "e\ufffde"}], "fine": "普通 text",
+                              "number": 1.5})
+    test.assertEqual(depth_of(deep), (STORED_JSON_DEPTH - depth_offset, TOO_DEEP))
+
+
+class StorableTest(unittest.TestCase):
+    def test_text(self):
+        for bad, good in BAD_TEXTS.items():
+            self.assertEqual(storable(bad), good)
+        self.assertEqual(storable("ok \U0001f600"), "ok \U0001f600")
+        self.assertEqual(storable("\ud83d\ude00"), "\U0001f600")       # a valid pair is the character it encodes
+        self.assertEqual(storable("\ude00\ud83d"), "\ufffd\ufffd")
+
+    def test_numbers(self):
+        self.assertEqual(storable([math.nan, math.inf, -math.inf, 0.5, 7, True, None]),
+                         ["NaN", "Infinity", "-Infinity", 0.5, 7, True, None])
+
+    def test_keys_that_become_equal_keep_the_last_value(self):
+        self.assertEqual(storable({"k\x00": 1, "k\ud800": 2}), {"k\ufffd": 2})
+
+    def test_the_original_is_untouched(self):
+        value = hostile()
+        storable(value)
+        self.assertEqual(value["nul"], NUL)
+        self.assertTrue(math.isnan(value["nan"]))
+
+    def test_deep_nesting_never_recurses(self):
+        for depth in (STORED_JSON_DEPTH, STORED_JSON_DEPTH + 1, 100_000):
+            stored = storable(nested(depth))
+            json.dumps(stored)                                # and the result can be serialised
+            if depth <= STORED_JSON_DEPTH:
+                self.assertEqual(depth_of(stored), (depth, 1))
+            else:
+                self.assertEqual(depth_of(stored), (STORED_JSON_DEPTH, TOO_DEEP))
+
+
+class WritePathsTest(StoreTestCase):
+    """Each store method that writes user-controlled text or JSON, with every kind of hostile value."""
+
+    async def test_audit(self):
+        for bad, good in BAD_TEXTS.items():
+            await self.store.audit(AuditEntry(f"event {bad}", user_id=bad, skill_name=bad, params=hostile(),
+                                              decision=bad, detail=bad))
+        rows = await self.store.audit_rows()
+        self.assertEqual(len(rows), 3)
+        for row, good in zip(rows, BAD_TEXTS.values()):
+            self.assertEqual((row.event, row.user_id, row.skill_name, row.decision, row.detail),
+                             (f"event {good}", good, good, good, good))
+            assert_sanitised(self, row.params)
+        self.assertEqual(await verify(self.store), [])
+
+    async def test_messages(self):
+        for bad, good in BAD_TEXTS.items():
+            await self.store.append_messages(bad, [{"role": "user", "content": bad},
+                                                   {"role": "tool", "content": hostile()}])
+            # The same (unstorable) user id finds its history again.
+            user, tool = await self.store.recent_messages(bad, 10)
+            self.assertEqual(user, {"role": "user", "content": good})
+            assert_sanitised(self, tool["content"], depth_offset=2)
+            self.assertEqual(await self.store.clear_messages(bad), 2)
+
+    async def test_channel_state_and_seen_messages(self):
+        for bad, good in BAD_TEXTS.items():
+            await self.store.set_state(bad, bad, hostile())
+            assert_sanitised(self, await self.store.get_state(bad, bad))
+            await self.store.set_state(bad, bad, math.inf)
+            self.assertEqual(await self.store.get_state(bad, bad), "Infinity")
+            self.assertTrue(await self.store.mark_seen(bad, bad))
+            self.assertFalse(await self.store.mark_seen(bad, bad))      # a redelivery is still recognised
+            await self.store.clear_state(bad)
+            self.assertIsNone(await self.store.get_state(bad, bad))
+        self.assertEqual(set(self.sql("SELECT channel, message_id FROM seen_messages")),
+                         {(good, good) for good in BAD_TEXTS.values()})
+
+    async def test_tasks_and_runs(self):
+        now = datetime.now(timezone.utc)
+        for bad, good in BAD_TEXTS.items():
+            task = await self.store.add_task(bad, bad, bad, "reminder", bad, now, now)
+            self.assertEqual((task.user_id, task.name, task.schedule, task.text), (good, good, good, good))
+            task = await self.store.update_task(task.id, name=bad + "2", schedule=bad, kind="prompt", text=bad * 2,
+                                                enabled=True, next_run_at=now)
+            self.assertEqual((task.name, task.text), (good + "2", good * 2))
+            run_id = await self.store.claim_slot(task.id, now, now + timedelta(hours=1))
+            await self.store.finish_run(run_id, "error", reply=bad, error=bad)
+            [run] = await self.store.task_runs(task.id)
+            self.assertEqual((run.status, run.reply, run.error), ("error", good, good))
+
+    async def test_approval_params_and_result(self):
+        hashed = []
+        for bad, good in BAD_TEXTS.items():
+            approval_id = uuid.uuid4()
+            row = await self.store.create_approval(
+                approval_id, bad, bad, hostile(), 60, lambda stored: hashed.append(stored) or "h",
+                AuditEntry("approval_requested", user_id=bad, params=hostile(), approval_id=approval_id))
+            self.assertEqual((row.user_id, row.skill_name, row.code_hash), (good, good, "h"))
+            self.assertEqual(hashed[-1], row.params)                    # hashed over exactly what was stored
+            assert_sanitised(self, row.params)
+            closed = await self.store.close_approval(approval_id, "expired",
+                                                     lambda r: AuditEntry("approval_expired", detail=bad))
+            self.assertEqual(closed.status, "expired")
+            await self.store.record_result(approval_id, {"success": True, "output": bad, "extra": hostile()})
+            result = (await self.store.approval(approval_id)).result
+            self.assertEqual(result["output"], good)
+            assert_sanitised(self, result["extra"], depth_offset=2)
+        self.assertEqual(await verify(self.store), [])
+
+
+class PoolTest(StoreTestCase):
+    async def test_unused_connections_are_closed_and_reopened_on_demand(self):
+        with mock.patch("ias.store.POOL_IDLE_CLOSE", 0.05):
+            await self.store.audit(AuditEntry("pool_test"))
+            self.assertEqual(self.store.idle_connections, 1)
+            for _ in range(200):                      # the timer fires 0.05 s after the connection came back
+                if self.store.idle_connections == 0:
+                    break
+                await asyncio.sleep(0.01)
+            self.assertEqual(self.store.idle_connections, 0)
+            [row] = await self.store.audit_rows(1)     # a new connection when one is needed again
+            self.assertEqual(row.event, "pool_test")
+
+
+class ConnectTest(unittest.IsolatedAsyncioTestCase):
+    async def test_a_junk_dsn_is_a_store_error(self):
+        for dsn in ("junk", "postgresql://[::1", "postgresql://u@/db?nonsense=1", "host=/tmp/\udcff"):
+            with self.assertRaises(StoreError) as caught:
+                await Store.open(dsn)
+            self.assertEqual(len(str(caught.exception).splitlines()), 1, caught.exception)
+
+
+class ApprovalCodeTest(GateTestCase):
+    async def test_the_right_code_works_for_unstorable_params(self):
+        """The HMAC is over the params as stored, so the code the owner got still verifies."""
+        skill = self.registry.get("mark_high")
+        params = {"marker": NUL, "note": SURROGATE, "api_token": ESCAPED, "n": math.nan, "i": -math.inf}
+        waiting = asyncio.create_task(self.approvals.request("owner", skill, params, self.owner.notify))
+        code = await self.owner.code()
+        self.assertIn("· marker：a\ufffdb", self.owner.messages[-1])     # the owner sees what will be stored and run
+        self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
+        outcome = await waiting
+        self.assertEqual(outcome.status, "approved")
+        self.assertEqual(outcome.approval.params, {"marker": "a\ufffdb", "note": "c\ufffdd", "api_token": "e\ufffde",
+                                                   "n": "NaN", "i": "-Infinity"})
+        self.assertEqual(await verify(self.store), [])
+
+
+class ApprovedOutputTest(GateTestCase):
+    """An approved High call whose output holds NUL bytes: run once, result recorded, chain intact."""
+    system_skills = REPO / "resources" / "skills"
+
+    async def test_nul_output(self):
+        command = "head -c3 /dev/zero; printf 'x\\0y'"
+        call = asyncio.create_task(self.gate.call("owner", "execute_shell", {"command": command}, self.owner.notify))
+        self.assertEqual(await self.approvals.redeem("owner", await self.owner.code()), "已确认，正在执行：execute_shell")
+        result = await call
+        # The model sees the output as it was.
+        self.assertTrue(result["success"], result)
+        self.assertEqual(result["stdout"], "\x00\x00\x00x\x00y")
+        self.assertEqual(result["exit_code"], 0)
+        [(stored, status)] = self.sql("SELECT result, status FROM pending_approvals")
+        self.assertEqual(status, "approved")
+        self.assertEqual(stored["stdout"], "\ufffd\ufffd\ufffdx\ufffdy")
+        events = [row.event for row in await self.store.audit_rows()]
+        self.assertEqual(events, ["approval_requested", "approval_approved", "skill_started", "skill_finished"])
+        self.assertEqual(await verify(self.store), [])
+
+
+class SkillOutputTest(GateTestCase):
+    async def test_deeply_nested_json_output(self):
+        """Output that looks like JSON but is nested too deeply to parse reaches the model as text."""
+        deep = "[" * 5_000 + "]" * 5_000             # past Python's recursion limit, within the model's share
+        self.assertEqual(await self.gate.call("owner", "echo_low", {"text": deep}), {"success": True, "output": deep})
+        events = [row.event for row in await self.store.audit_rows()]
+        self.assertEqual(events, ["skill_started", "skill_finished"])
+
+
+class TurnTest(AgentTestCase):
+    """Whole turns whose tool arguments, tool output and model reply hold unstorable values."""
+
+    async def test_the_turn_is_kept_and_the_owner_answered(self):
+        owner = FakeOwner()
+        arguments = '{"command": "printf \'a\\\\0b\'", "n": 1, "s": "\\ud800\\u0000"}'
+        self.server.script(calls(("execute_shell", arguments), ("execute_shell", {"command": "printf 'a\\0b'"})),
+                           text("完成\u0000\ud800"))
+        turn = asyncio.create_task(self.agent.turn("owner", "运行 \udcff", owner.notify))
+        self.assertEqual(await self.approvals.redeem("owner", await owner.code()), "已确认，正在执行：execute_shell")
+        self.assertEqual(await turn, "完成\x00\ufffd")           # the owner gets the model's reply, valid Unicode
+        invalid, ran = [json.loads(m["content"]) for m in self.tool_messages()]
+        self.assertTrue(invalid["error"].startswith("参数错误："), invalid)
+        self.assertEqual(ran["stdout"], "a\x00b")                   # the model saw the real output
+        history = await self.store.recent_messages("owner", 50)
+        self.assertEqual([m["role"] for m in history], ["user", "assistant", "tool", "tool", "assistant"])
+        self.assertEqual(history[0]["content"], "运行 \ufffd")
+        self.assertEqual(history[-1]["content"], "完成\ufffd\ufffd")
+        [(result,)] = self.sql("SELECT result FROM pending_approvals WHERE status = 'approved'")
+        self.assertEqual(result["stdout"], "a\ufffdb")
+        [(params,)] = self.sql("SELECT params FROM audit_log WHERE event = 'skill_invalid'")
+        self.assertEqual((params["n"], params["s"]), (1, "\ufffd\ufffd"))
+        self.assertEqual(await verify(self.store), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
