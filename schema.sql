@@ -1,4 +1,14 @@
--- iAs schema. Idempotent: applied at every start (under an advisory lock). Needs PostgreSQL >= 14.
+-- iAs schema, the readable whole at the latest version. iAs itself builds and upgrades a database
+-- with the numbered steps in ias/migrations.py (recorded in schema_version, applied once under an
+-- advisory lock); tests/test_migrations.py checks that both give the same database. Applied by
+-- hand to an empty schema, this file builds a current database. Needs PostgreSQL >= 14.
+
+-- The migrations applied to this schema (one row per version; ias/migrations.py).
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+INSERT INTO schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (

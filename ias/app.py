@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from . import systemd
+from . import ilink, systemd
 from .approval import Approvals, Notify, load_key
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
@@ -87,7 +87,7 @@ async def resolve_owner(config: Config, store: Store) -> str:
     """The owner's user id: IAS_OWNER, else the WeChat owner (env or stored login), else `owner`."""
     if config.owner or config.wechat_owner:
         return config.owner or config.wechat_owner
-    stored = await store.get_state("wechat", "owner")
+    stored = await store.get_state(ilink.CHANNEL, ilink.OWNER)
     return stored if isinstance(stored, str) and stored else "owner"
 
 

@@ -3,7 +3,9 @@
 A High-risk call creates one `pending_approvals` row, sends the owner a message rendered from
 that row (the only place the code ever appears) and waits, event-driven, until the owner's
 reply or the timeout settles it. Every transition is one compare-and-set UPDATE in the store,
-committed with its audit row, so a code works at most once even with concurrent replies.
+committed with its audit row, so a code works at most once even with concurrent replies. The
+store gets finished values: the HMAC over the params as the row will hold them
+(`Store.normalised`), and each transition's audit row.
 A call is not asked at all when its message would not fit one WeChat message, or when the
 owner's message that led to it already asked APPROVALS_PER_TURN approvals (`TurnBudget`).
 Not handled: approving from a different user or channel than the one the call came from.
@@ -253,14 +255,11 @@ class Approvals:
         return user_id in self._waiting
 
     @staticmethod
-    def _entry(skill: Skill, detail: str | None = None):
-        """An audit-row builder for a transition, named after the status the row ends in."""
-        def build(row: Approval) -> AuditEntry:
-            decision = "wrong_code" if row.status == "pending" else row.status
-            return AuditEntry(f"approval_{decision}", user_id=row.user_id, skill_name=row.skill_name,
-                              params=redact(row.params), risk=skill.risk, approval_id=row.id,
-                              decision=decision, detail=detail)
-        return build
+    def _entry(row: Approval, decision: str, risk: str | None, detail: str | None = None) -> AuditEntry:
+        """The audit row of a transition of `row`, named after its decision."""
+        return AuditEntry(f"approval_{decision}", user_id=row.user_id, skill_name=row.skill_name,
+                          params=redact(row.params), risk=risk, approval_id=row.id, decision=decision,
+                          detail=detail)
 
     async def request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None,
                       turn: TurnBudget | None = None) -> Outcome:
@@ -290,9 +289,11 @@ class Approvals:
         approval_id = uuid.uuid4()
         code = new_code()
         try:
+            # Hashed over the params as stored (jsonb rewrites numbers), which verification reads back.
+            stored = await self.store.normalised(params)
             row = await self.store.create_approval(
-                approval_id, user_id, skill.name, params, self.timeout,
-                lambda stored: code_hash(self.key, approval_id, user_id, skill.name, stored, code),
+                approval_id, user_id, skill.name, stored, self.timeout,
+                code_hash(self.key, approval_id, user_id, skill.name, stored, code),
                 AuditEntry("approval_requested", user_id=user_id, skill_name=skill.name, params=redact(params),
                            risk=skill.risk, approval_id=approval_id, decision="pending"))
         except StoreError as exc:          # e.g. another process holds this user's pending approval
@@ -328,7 +329,7 @@ class Approvals:
     async def _close(self, waiter: _Waiter, status: str, detail: str) -> Outcome:
         """End a pending approval (rejected/expired); if a reply settled it first, report that instead."""
         row = await self.store.close_approval(
-            waiter.approval.id, status, self._entry(waiter.skill, detail))
+            waiter.approval.id, status, self._entry(waiter.approval, status, waiter.skill.risk, detail))
         if row is None:
             if waiter.done.done() and not waiter.done.cancelled():
                 return waiter.done.result()
@@ -364,13 +365,14 @@ class Approvals:
             return ended
         expected = code_hash(self.key, row.id, row.user_id, row.skill_name, row.params, code)
         if row.user_id == user_id and hmac.compare_digest(expected, row.code_hash):
-            won = await self.store.approve(row.id, user_id, self._entry(waiter.skill))
+            won = await self.store.approve(row.id, user_id, self._entry(row, "approved", waiter.skill.risk))
             if won is None:
                 return ended
             if not waiter.done.done():
                 waiter.done.set_result(Outcome("approved", won))
             return f"已确认，正在执行：{name}"
-        spent = await self.store.spend_attempt(row.id, user_id, self._entry(waiter.skill, "wrong code"))
+        spent = await self.store.spend_attempt(row.id, user_id,
+                                               self._entry(row, "wrong_code", waiter.skill.risk, "wrong code"))
         if spent is None:
             return ended
         if spent.status == "rejected":
@@ -381,6 +383,9 @@ class Approvals:
 
     async def expire_leftovers(self) -> list[Approval]:
         """At start: every pending row belongs to a process that is gone; expire it (reason restart)."""
-        return await self.store.expire_leftovers(lambda row: AuditEntry(
-            "approval_expired", user_id=row.user_id, skill_name=row.skill_name, params=redact(row.params),
-            approval_id=row.id, decision="expired", detail="restart"))
+        expired = []
+        for row in await self.store.approvals(limit=None):
+            closed = await self.store.close_approval(row.id, "expired", self._entry(row, "expired", None, "restart"))
+            if closed is not None:
+                expired.append(closed)
+        return expired

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
 
 from . import config as config_module
 from .errors import IasError
@@ -261,9 +262,9 @@ async def cmd_doctor(config) -> int:
             line(True, "database", f"{where}, schema applied, {len(pending)} pending approvals")
             from .wechat_login import status
             wx = await status(store)
-            if config.wechat_token or wx["logged_in"]:
-                line(not wx["stale"], "channel", "WeChat session expired: run `ias wechat login`" if wx["stale"]
-                     else f"WeChat, owner {config.wechat_owner or wx['owner']}")
+            if config.wechat_token or wx.logged_in:
+                line(not wx.stale, "channel", "WeChat session expired: run `ias wechat login`" if wx.stale
+                     else f"WeChat, owner {config.wechat_owner or wx.owner}")
             else:
                 line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
     except IasError as exc:
@@ -364,7 +365,7 @@ async def cmd_tasks(config, args) -> int:
 
 async def cmd_wechat(config, action: str) -> int:
     from .app import open_store
-    from .channels.wechat import DEFAULT_BASE_URL
+    from .ilink import DEFAULT_BASE_URL
     from .wechat_login import login, logout, status
     async with open_store(config) as store:
         if action == "login":
@@ -376,7 +377,7 @@ async def cmd_wechat(config, action: str) -> int:
             print("WeChat login forgotten.")
         else:
             state = await status(store)
-            for key, value in state.items():
+            for key, value in asdict(state).items():
                 print(f"{key}: {value}")
             if config.wechat_token:
                 print("note: IAS_WECHAT_TOKEN is set and wins over the stored login")

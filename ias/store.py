@@ -3,7 +3,8 @@
 Autocommit connections from a small pool; `transaction()` only where a state change and its
 audit row must commit together. Every approval transition is one compare-and-set UPDATE
 (`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
-both win. Not handled: schema migrations beyond the idempotent `schema.sql`.
+both win. The schema is built and upgraded by the numbered steps in `migrations.py`, run by
+`open()`; not handled: downgrades (a database newer than the code is refused).
 
 Every value is storable (the boundary rule). Each connection's adapters pass every `str`
 parameter and every Jsonb value through `storable()` on the way in:
@@ -16,7 +17,7 @@ parameter and every Jsonb value through `storable()` on the way in:
   TOO_DEEP, walked without recursion, so no input raises RecursionError here.
 Lookups use the same adapters, so a key written with such characters is found again. Only
 storage is sanitised: callers keep their original values (what the model sees). An approval's
-code HMAC is computed over the params as stored (read back), so a code still verifies.
+code HMAC is computed over its params as stored (`normalised()`), so a code still verifies.
 """
 from __future__ import annotations
 
@@ -28,10 +29,9 @@ import re
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -39,16 +39,16 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
+from . import migrations
 from .errors import StoreError
 from .limits import STORED_JSON_DEPTH
 
 log = logging.getLogger(__name__)
 
-SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schema.sql"
 POOL_SIZE = 8                    # connections held at most
 POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
 CONNECT_TIMEOUT = 10             # seconds
-SCHEMA_LOCK = 7308199100         # advisory lock serialising schema application
+SCHEMA_LOCK = 730819910          # advisory lock class serialising migrations (second key: the schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +216,57 @@ def _approval(row: dict | None) -> Approval | None:
     return None if row is None else Approval(**row)
 
 
+async def _schema_version(conn: psycopg.AsyncConnection) -> int:
+    """The highest version recorded in schema_version, 0 without one; StoreError when too new."""
+    try:
+        cur = await conn.execute("SELECT coalesce(max(version), 0) AS version FROM schema_version")
+    except psycopg.errors.UndefinedTable:
+        return 0
+    version = (await cur.fetchone())["version"]
+    if version > migrations.LATEST:
+        raise StoreError(f"the database schema is version {version}, newer than this iAs knows "
+                         f"(up to {migrations.LATEST}): upgrade iAs")
+    return version
+
+
+async def _migrate(conn: psycopg.AsyncConnection) -> None:
+    """Apply the migrations this schema lacks, once, whichever process comes first.
+
+    A current schema costs one SELECT, no lock and no DDL. Otherwise one transaction under an
+    advisory lock keyed by the schema (concurrent starts wait, then find the work done): create
+    schema_version, adopt a schema built by the unversioned code as version 1, run the rest.
+    """
+    try:
+        if await _schema_version(conn) == migrations.LATEST:
+            return
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(coalesce(current_schema(), '')))",
+                               (SCHEMA_LOCK,))
+            cur = await conn.execute("SELECT to_regclass('schema_version') IS NOT NULL AS versioned, "
+                                     "array(SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL) "
+                                     "AS present", (list(migrations.INITIAL_TABLES),))
+            found = await cur.fetchone()
+            if not found["versioned"]:
+                await conn.execute(migrations.VERSION_TABLE)
+                if len(found["present"]) == len(migrations.INITIAL_TABLES):
+                    await conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+                    log.info("adopted the existing unversioned schema as version 1")
+                elif found["present"]:
+                    raise StoreError("the database schema holds some of iAs's tables "
+                                     f"({', '.join(found['present'])}) but no schema_version; not touching it")
+            version = await _schema_version(conn)
+            while version < migrations.LATEST:
+                version += 1
+                await conn.execute(migrations.MIGRATIONS[version - 1])
+                await conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+                log.info("applied schema migration %d", version)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot bring the database schema to version {migrations.LATEST}: "
+                         f"{_first_line(exc)}") from None
+
+
 class Store:
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
@@ -229,15 +280,14 @@ class Store:
 
     @classmethod
     async def open(cls, dsn: str, pool_size: int = POOL_SIZE) -> "Store":
-        """Connect and apply schema.sql (idempotent); raise StoreError when unreachable."""
+        """Connect and bring the schema up to date; raise StoreError when unreachable or too new."""
         store = cls(dsn, pool_size)
-        async with store._conn() as conn:
-            sql = SCHEMA_FILE.read_text(encoding="utf-8")
-            await conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
-            try:
-                await conn.execute(sql)
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
+        try:
+            async with store._conn() as conn:
+                await _migrate(conn)
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     async def _connect(self) -> psycopg.AsyncConnection:
@@ -339,23 +389,28 @@ class Store:
             return [AuditRow(**row) for row in await cur.fetchall()]
 
     # -- approvals --------------------------------------------------------------------------
+    async def normalised(self, value: Any) -> Any:
+        """`value` as a jsonb column holds it: the boundary rule, then jsonb's own numbers and keys.
+
+        A second round trip changes nothing, so a hash over the result is over what is stored.
+        """
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT %s::jsonb AS value", (Jsonb(value),))
+            return (await cur.fetchone())["value"]
+
     async def create_approval(self, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict,
-                              timeout: float, code_hash: Callable[[dict], str], entry: AuditEntry) -> Approval:
+                              timeout: float, code_hash: str, entry: AuditEntry) -> Approval:
         """Insert a pending approval and its audit row together.
 
-        The hash is computed over the params as PostgreSQL stored them (jsonb normalises numbers),
-        so that verification, which reads them back, sees exactly the same canonical text.
+        `params` come from `normalised()`: verification reads them back and hashes them again.
         """
         try:
             async with self._tx() as conn:
                 cur = await conn.execute(
-                    "INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
-                    "VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, '') RETURNING params",
-                    (approval_id, timeout, user_id, skill_name, Jsonb(params)))
-                stored = (await cur.fetchone())["params"]
-                cur = await conn.execute(
-                    f"UPDATE pending_approvals SET code_hash = %s WHERE id = %s RETURNING {_APPROVAL_FIELDS}",
-                    (code_hash(stored), approval_id))
+                    f"INSERT INTO pending_approvals (id, expires_at, user_id, skill_name, params, code_hash) "
+                    f"VALUES (%s, clock_timestamp() + %s * interval '1 second', %s, %s, %s, %s) "
+                    f"RETURNING {_APPROVAL_FIELDS}",
+                    (approval_id, timeout, user_id, skill_name, Jsonb(params), code_hash))
                 row = await cur.fetchone()
                 await conn.execute(_AUDIT_INSERT, _audit_values(entry))
         except psycopg.errors.UniqueViolation:
@@ -367,24 +422,30 @@ class Store:
             cur = await conn.execute(f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals WHERE id = %s", (approval_id,))
             return _approval(await cur.fetchone())
 
-    async def approvals(self, include_closed: bool = False, limit: int = 50) -> list[Approval]:
+    async def approvals(self, include_closed: bool = False, limit: int | None = 50) -> list[Approval]:
+        """Pending (or all) approvals, newest first; `limit` None for every one."""
         where = "" if include_closed else "WHERE status = 'pending'"
         async with self._conn() as conn:
             cur = await conn.execute(
                 f"SELECT {_APPROVAL_FIELDS} FROM pending_approvals {where} ORDER BY created_at DESC LIMIT %s", (limit,))
             return [_approval(row) for row in await cur.fetchall()]
 
-    async def _transition(self, sql: str, args: tuple, entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """Run one compare-and-set UPDATE … RETURNING and, if it matched, its audit row, together."""
+    async def _transition(self, sql: str, args: tuple, entry: AuditEntry) -> Approval | None:
+        """Run one compare-and-set UPDATE … RETURNING and, if it matched, its audit row, together.
+
+        The one thing the SQL decides is written as it decided: an attempt that used up the
+        last one leaves the row rejected, and its audit row says approval_rejected.
+        """
         async with self._tx() as conn:
             cur = await conn.execute(sql, args)
             row = _approval(await cur.fetchone())
             if row is not None:
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
+                if row.status == "rejected" and entry.decision == "wrong_code":
+                    entry = replace(entry, event="approval_rejected", decision="rejected")
+                await conn.execute(_AUDIT_INSERT, _audit_values(entry))
             return row
 
-    async def approve(self, approval_id: uuid.UUID, user_id: str,
-                      entry: Callable[[Approval], AuditEntry]) -> Approval | None:
+    async def approve(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
         """pending → approved, if still pending and unexpired; None when someone else won or it ended."""
         return await self._transition(
             f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
@@ -392,9 +453,11 @@ class Store:
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
             (approval_id, user_id), entry)
 
-    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str,
-                            entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """One wrong code: attempts_left - 1, and rejected when none are left."""
+    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left.
+
+        `entry` is the wrong_code audit row; for the last attempt it is written as approval_rejected.
+        """
         return await self._transition(
             f"UPDATE pending_approvals SET attempts_left = attempts_left - 1, "
             f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
@@ -403,25 +466,13 @@ class Store:
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
             (approval_id, user_id), entry)
 
-    async def close_approval(self, approval_id: uuid.UUID, status: str,
-                             entry: Callable[[Approval], AuditEntry]) -> Approval | None:
-        """pending → rejected (cancel) or expired (timeout, delivery failure), if still pending."""
+    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry) -> Approval | None:
+        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending."""
         assert status in ("rejected", "expired")
         return await self._transition(
             f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
             f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
             (status, approval_id), entry)
-
-    async def expire_leftovers(self, entry: Callable[[Approval], AuditEntry]) -> list[Approval]:
-        """Mark every pending approval expired (at start: nobody waits for them any more)."""
-        async with self._tx() as conn:
-            cur = await conn.execute(
-                f"UPDATE pending_approvals SET status = 'expired', consumed_at = clock_timestamp() "
-                f"WHERE status = 'pending' RETURNING {_APPROVAL_FIELDS}")
-            rows = [_approval(row) for row in await cur.fetchall()]
-            for row in rows:
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry(row)))
-            return rows
 
     async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
         async with self._conn() as conn:

@@ -22,9 +22,9 @@ from typing import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
 from . import limits
-from .channels.wechat import (BASE_URL, BOT_ID, CHANNEL, CURSOR, DEFAULT_BASE_URL, OWNER, PEER, STALE_MARK, TOKEN,
-                              Credentials, ILink, WeChatError)
 from .errors import ConfigError
+from .ilink import (BASE_URL, BOT_ID, CHANNEL, CURSOR, DEFAULT_BASE_URL, GET_QRCODE, OWNER, PEER, QRCODE_STATUS,
+                    STALE_MARK, TOKEN, Credentials, ILink, LoginState, WeChatError)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _base(value: object, fallback: str) -> str:
 async def _qrcode(api: ILink, out: Callable[[str], None]) -> str:
     """Fetch a new QR code, show it; its id."""
     try:
-        reply = await api.post("ilink/bot/get_bot_qrcode?bot_type=3", {"local_token_list": []},
+        reply = await api.post(GET_QRCODE, {"local_token_list": []},
                                limits.WECHAT_REQUEST_TIMEOUT)
     except TimeoutError:
         raise WeChatError(f"获取微信登录二维码超时（{api.base_url}），请检查网络后重试。") from None
@@ -105,7 +105,7 @@ async def _status(api: ILink, qrcode: str, code: str | None, timeout: float) -> 
     """One long poll of the QR status: the reply, `wait` on a client timeout, None when it failed."""
     query = f"qrcode={quote(qrcode, safe='')}" + (f"&verify_code={quote(code, safe='')}" if code else "")
     try:
-        return await api.get(f"ilink/bot/get_qrcode_status?{query}", timeout)
+        return await api.get(f"{QRCODE_STATUS}?{query}", timeout)
     except TimeoutError:
         return {"status": "wait"}
     except (OSError, WeChatError) as exc:
@@ -192,29 +192,36 @@ async def _confirm(store, reply: dict, base_url: str, out: Callable[[str], None]
 
 
 def _when(epoch: object) -> str | None:
-    if not isinstance(epoch, (int, float)):
+    if not isinstance(epoch, (int, float)) or isinstance(epoch, bool):
         return None
     from datetime import datetime
-    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):    # a stored time out of range is shown as unknown
+        return None
 
 
-async def status(store) -> dict:
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+async def status(store) -> LoginState:
     """The stored login, for `ias wechat status` and doctor; never the token."""
     def get(key: str):
         return store.get_state(CHANNEL, key)
-    owner = await get(OWNER)
+    owner = _text(await get(OWNER))
     peer = await get(PEER + owner) if owner else None
     stale = await get(STALE_MARK)
-    return {
-        "logged_in": bool(await get(TOKEN)),
-        "base_url": await get(BASE_URL),
-        "bot_id": await get(BOT_ID),
-        "owner": owner,
-        "cursor": bool(await get(CURSOR)),
-        "last_inbound": _when(peer.get("last_inbound")) if isinstance(peer, dict) else None,
-        "stale": stale is not None,
-        "stale_since": _when(stale.get("at")) if isinstance(stale, dict) else None,
-    }
+    return LoginState(
+        logged_in=bool(await get(TOKEN)),
+        base_url=_text(await get(BASE_URL)),
+        bot_id=_text(await get(BOT_ID)),
+        owner=owner,
+        cursor=bool(await get(CURSOR)),
+        last_inbound=_when(peer.get("last_inbound")) if isinstance(peer, dict) else None,
+        stale=stale is not None,
+        stale_since=_when(stale.get("at")) if isinstance(stale, dict) else None,
+    )
 
 
 async def logout(store) -> None:

@@ -251,7 +251,7 @@ class OutcomeTest(GateTestCase):
         self.assertIsNone(await self.approvals.redeem("mallory", "0"))
         # Even straight at the store, the compare-and-set is bound to the approval's user.
         [row] = await self.store.approvals()
-        self.assertIsNone(await self.store.approve(row.id, "mallory", lambda r: AuditEntry("x")))
+        self.assertIsNone(await self.store.approve(row.id, "mallory", AuditEntry("x")))
         self.assertEqual(row.attempts_left, 3)
         await self.approvals.redeem("owner", code)
         self.assertTrue((await task)["success"])
@@ -318,6 +318,21 @@ class OutcomeTest(GateTestCase):
         self.assertEqual(stored.status, "expired")
         events = [(r.event, r.detail) for r in await self.store.audit_rows()]
         self.assertIn(("approval_expired", "restart"), events)
+
+    async def test_restart_expires_every_leftover_and_audits_it_redacted(self):
+        users = [f"user{i}" for i in range(60)]              # more than one page of `store.approvals()`
+        for user in users:
+            await self.store.create_approval(uuid.uuid4(), user, "mark_high", {"api_token": "sk-x", "note": user}, 60,
+                                             "v1:h", AuditEntry("approval_requested", user_id=user))
+        expired = await Approvals(self.store, self.key, 5).expire_leftovers()
+        self.assertEqual(sorted(row.user_id for row in expired), sorted(users))
+        self.assertEqual({row.status for row in await self.store.approvals(include_closed=True, limit=None)}, {"expired"})
+        rows = [r for r in await self.store.audit_rows() if r.event == "approval_expired"]
+        self.assertEqual(sorted((r.user_id, r.detail, r.decision, r.risk) for r in rows),
+                         sorted((user, "restart", "expired", None) for user in users))
+        self.assertEqual({json.dumps(r.params, sort_keys=True) for r in rows if r.params["note"] == "user7"},
+                         {'{"api_token": "***", "note": "user7"}'})
+        self.assertEqual(await Approvals(self.store, self.key, 5).expire_leftovers(), [])
 
     async def test_code_hash_is_not_a_bare_sha256(self):
         task = self.call_high()

@@ -1,4 +1,5 @@
-"""Every value survives the store: NUL, lone surrogates, NaN/Infinity and deep nesting, on every write path.
+"""Every value survives the store: NUL, lone surrogates, NaN/Infinity and deep nesting, on every write path;
+and the approval transitions, written from plain values, are compare-and-set with their audit rows.
 
 Against the real PostgreSQL of the test run; the rule itself is in store.py's docstring.
 """
@@ -7,13 +8,16 @@ import json
 import math
 import unittest
 import uuid
-from unittest import mock
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
+import psycopg
+
+from ias.approval import canonical
 from ias.audit import verify
 from ias.errors import StoreError
 from ias.limits import STORED_JSON_DEPTH
-from ias.store import TOO_DEEP, AuditEntry, Store, storable
+from ias.store import TOO_DEEP, Approval, AuditEntry, Store, storable
 from tests.servers.llm import calls, text
 from tests.support import REPO, FakeOwner, GateTestCase, StoreTestCase
 from tests.test_agent import AgentTestCase
@@ -140,17 +144,17 @@ class WritePathsTest(StoreTestCase):
             self.assertEqual((run.status, run.reply, run.error), ("error", good, good))
 
     async def test_approval_params_and_result(self):
-        hashed = []
         for bad, good in BAD_TEXTS.items():
             approval_id = uuid.uuid4()
+            stored = await self.store.normalised(hostile())
+            assert_sanitised(self, dict(stored))
             row = await self.store.create_approval(
-                approval_id, bad, bad, hostile(), 60, lambda stored: hashed.append(stored) or "h",
+                approval_id, bad, bad, stored, 60, "h",
                 AuditEntry("approval_requested", user_id=bad, params=hostile(), approval_id=approval_id))
             self.assertEqual((row.user_id, row.skill_name, row.code_hash), (good, good, "h"))
-            self.assertEqual(hashed[-1], row.params)                    # hashed over exactly what was stored
+            self.assertEqual(canonical(row.params), canonical(stored))   # what is hashed is what is stored
             assert_sanitised(self, row.params)
-            closed = await self.store.close_approval(approval_id, "expired",
-                                                     lambda r: AuditEntry("approval_expired", detail=bad))
+            closed = await self.store.close_approval(approval_id, "expired", AuditEntry("approval_expired", detail=bad))
             self.assertEqual(closed.status, "expired")
             await self.store.record_result(approval_id, {"success": True, "output": bad, "extra": hostile()})
             result = (await self.store.approval(approval_id)).result
@@ -171,6 +175,101 @@ class PoolTest(StoreTestCase):
             self.assertEqual(self.store.idle_connections, 0)
             [row] = await self.store.audit_rows(1)     # a new connection when one is needed again
             self.assertEqual(row.event, "pool_test")
+
+
+class ApprovalTransitionsTest(StoreTestCase):
+    """The approval rows' transitions from plain values: each one compare-and-set, committed with its audit row."""
+
+    async def pending(self, user_id: str = "owner", timeout: float = 60) -> Approval:
+        approval_id = uuid.uuid4()
+        params = await self.store.normalised({"note": "hi", "n": 1e16})
+        return await self.store.create_approval(
+            approval_id, user_id, "mark_high", params, timeout, "v1:h",
+            AuditEntry("approval_requested", user_id=user_id, skill_name="mark_high", params=params,
+                       risk="high", approval_id=approval_id, decision="pending"))
+
+    @staticmethod
+    def entry(row: Approval, decision: str, detail: str | None = None) -> AuditEntry:
+        return AuditEntry(f"approval_{decision}", user_id=row.user_id, skill_name=row.skill_name, params=row.params,
+                          risk="high", approval_id=row.id, decision=decision, detail=detail)
+
+    async def events(self) -> list[tuple]:
+        return [(r.event, r.decision, r.detail) for r in await self.store.audit_rows()]
+
+    async def test_normalised_is_what_a_jsonb_column_holds(self):
+        value = {"big": 1e16, "small": 1.5e-7, "zero": -0.0, "one": 1.0, "huge": 10 ** 30, "max": 1.7976931348623157e308,
+                 "list": [1, 2.0, True, None, "x"], "B": 2, "a": 1}
+        stored = await self.store.normalised(value)
+        # jsonb rewrites numbers, so a hash over the call's own params would not verify.
+        self.assertNotEqual(canonical(stored), canonical(value))
+        self.assertEqual((stored["big"], type(stored["big"]), stored["zero"]), (10 ** 16, int, 0.0))
+        self.assertEqual(canonical(await self.store.normalised(stored)), canonical(stored))    # a fixed point
+        row = await self.store.create_approval(uuid.uuid4(), "owner", "s", stored, 60, "v1:h", AuditEntry("e"))
+        self.assertEqual(canonical(row.params), canonical(stored))
+        self.assertEqual(canonical((await self.store.approval(row.id)).params), canonical(stored))
+
+    async def test_create_writes_the_row_and_its_audit_row_together(self):
+        row = await self.pending()
+        self.assertEqual((row.status, row.attempts_left, row.code_hash), ("pending", 3, "v1:h"))
+        [audited] = await self.store.audit_rows()
+        self.assertEqual((audited.event, audited.approval_id, audited.params), ("approval_requested", row.id, row.params))
+        with self.assertRaises(StoreError):                       # one pending approval per user
+            await self.pending()
+        with self.assertRaises(psycopg.errors.InvalidTextRepresentation):
+            await self.store.create_approval(uuid.uuid4(), "other", "s", {}, 60, "v1:h",
+                                             AuditEntry("approval_requested", approval_id="not-a-uuid"))
+        self.assertEqual([a.user_id for a in await self.store.approvals(limit=None)], ["owner"])   # rolled back
+        self.assertEqual(len(await self.store.audit_rows()), 1)
+
+    async def test_sixteen_concurrent_approvals_have_one_winner(self):
+        row = await self.pending()
+        won = await asyncio.gather(*(self.store.approve(row.id, "owner", self.entry(row, "approved"))
+                                     for _ in range(16)))
+        [winner] = [w for w in won if w is not None]
+        self.assertEqual((winner.status, winner.attempts_left), ("approved", 3))
+        self.assertIsNotNone(winner.consumed_at)
+        self.assertEqual((await self.events())[1:], [("approval_approved", "approved", None)])
+        self.assertEqual(await verify(self.store), [])
+
+    async def test_ten_concurrent_wrong_codes_spend_exactly_three_attempts(self):
+        row = await self.pending()
+        spent = await asyncio.gather(*(self.store.spend_attempt(row.id, "owner", self.entry(row, "wrong_code", "wrong code"))
+                                       for _ in range(10)))
+        spent = sorted((s for s in spent if s is not None), key=lambda s: -s.attempts_left)
+        self.assertEqual([(s.attempts_left, s.status) for s in spent], [(2, "pending"), (1, "pending"), (0, "rejected")])
+        self.assertIsNotNone(spent[-1].consumed_at)
+        # The SQL decided the last attempt rejects; its audit row says so, the rest of the entry as given.
+        self.assertEqual((await self.events())[1:], [("approval_wrong_code", "wrong_code", "wrong code")] * 2
+                         + [("approval_rejected", "rejected", "wrong code")])
+        rejected = (await self.store.audit_rows())[-1]
+        self.assertEqual((rejected.user_id, rejected.approval_id, rejected.risk), ("owner", row.id, "high"))
+        self.assertIsNone(await self.store.approve(row.id, "owner", self.entry(row, "approved")))
+        self.assertEqual(await verify(self.store), [])
+
+    async def test_transitions_are_bound_to_the_user_and_the_expiry(self):
+        row = await self.pending()
+        self.assertIsNone(await self.store.approve(row.id, "mallory", self.entry(row, "approved")))
+        self.assertIsNone(await self.store.spend_attempt(row.id, "mallory", self.entry(row, "wrong_code")))
+        self.assertEqual((await self.store.approval(row.id)).attempts_left, 3)
+        old = await self.pending("late", timeout=0)               # expires as it is created
+        self.assertIsNone(await self.store.approve(old.id, "late", self.entry(old, "approved")))
+        self.assertIsNone(await self.store.spend_attempt(old.id, "late", self.entry(old, "wrong_code")))
+        closed = await self.store.close_approval(old.id, "expired", self.entry(old, "expired", "timeout"))
+        self.assertEqual(closed.status, "expired")
+        self.assertIsNone(await self.store.close_approval(old.id, "rejected", self.entry(old, "rejected", "cancel")))
+        self.assertEqual((await self.events())[2:], [("approval_expired", "expired", "timeout")])   # one per transition made
+
+    async def test_a_refused_audit_row_undoes_the_transition(self):
+        row = await self.pending()
+        junk = AuditEntry("approval_approved", approval_id="not-a-uuid")
+        for transition in (self.store.approve(row.id, "owner", junk), self.store.spend_attempt(row.id, "owner", junk),
+                           self.store.close_approval(row.id, "rejected", junk)):
+            with self.assertRaises(psycopg.errors.InvalidTextRepresentation):
+                await transition
+        after = await self.store.approval(row.id)
+        self.assertEqual((after.status, after.attempts_left, after.consumed_at), ("pending", 3, None))
+        self.assertEqual(len(await self.store.audit_rows()), 1)
+        self.assertEqual((await self.store.approve(row.id, "owner", self.entry(row, "approved"))).status, "approved")
 
 
 class ConnectTest(unittest.IsolatedAsyncioTestCase):

@@ -1,16 +1,21 @@
 """The WeChat channel and login against the local iLink server (tests/servers/ilink.py)."""
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import asdict
 
 from ias import limits
 from ias.channels.base import Inbound
-from ias.channels.wechat import (BUDGET_NOTE, CHANNEL, MEDIA_ONLY, STALE_NOTE, Credentials, WeChatChannel,
-                                 WeChatError, split_text)
+from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel, split_text
 from ias.errors import ConfigError
+from ias.ilink import CHANNEL, Credentials, WeChatError
 from ias.wechat_login import credentials, login, logout, redirect_url, status
 from tests.servers.ilink import ILinkServer
-from tests.support import StoreTestCase
+from tests.support import FIXTURES, REPO, StoreTestCase
 
 HOUR = 3600.0
 
@@ -168,25 +173,25 @@ class LoginTest(WeChatTestCase):
 
 class LoginStateTest(WeChatTestCase):
     async def test_status_never_shows_the_token_and_logout_clears(self):
-        self.assertFalse((await status(self.store))["logged_in"])
+        self.assertFalse((await status(self.store)).logged_in)
         self.server.login.append({"status": "confirmed"})
         await login(self.store, self.server.base_url, out=lambda line: None, ask=lambda prompt: "", pause=0.01)
         channel = await self.channel()
         await self.inbound()
         await channel.stop()
         info = await status(self.store)
-        self.assertTrue(info["logged_in"])
-        self.assertEqual((info["owner"], info["bot_id"], info["base_url"]),
+        self.assertTrue(info.logged_in)
+        self.assertEqual((info.owner, info.bot_id, info.base_url),
                          (self.server.owner, self.server.bot_id, self.server.base_url))
-        self.assertTrue(info["cursor"])
-        self.assertIsNotNone(info["last_inbound"])
-        self.assertFalse(info["stale"])
-        self.assertNotIn(self.server.token, json.dumps(info))
+        self.assertTrue(info.cursor)
+        self.assertIsNotNone(info.last_inbound)
+        self.assertFalse(info.stale)
+        self.assertNotIn(self.server.token, json.dumps(asdict(info)))
         self.assertNotIn(self.server.token, repr(self.credentials()))
         await logout(self.store)
         info = await status(self.store)
-        self.assertFalse(info["logged_in"])
-        self.assertFalse(info["cursor"])
+        self.assertFalse(info.logged_in)
+        self.assertFalse(info.cursor)
         self.assertIsNone(await credentials(self.store, None, None, None))
 
     async def test_credentials_from_the_environment_win(self):
@@ -202,6 +207,29 @@ class LoginStateTest(WeChatTestCase):
         creds = await credentials(self.store, "env-token", None, None)
         self.assertEqual((creds.token, creds.owner, creds.base_url),
                          ("env-token", self.server.owner, "https://ilinkai.weixin.qq.com"))
+
+    async def test_status_and_doctor_commands_read_the_stored_login(self):
+        self.server.login.append({"status": "confirmed"})
+        await login(self.store, self.server.base_url, out=lambda line: None, ask=lambda prompt: "", pause=0.01)
+        with tempfile.TemporaryDirectory(prefix="ias-wechat-") as tmp:
+            env = {key: value for key, value in os.environ.items() if not key.startswith(("IAS_", "OPENAI_"))}
+            env.update(IAS_DATABASE_URL=self.dsn, IAS_DATA_DIR=tmp, IAS_SKILLS_DIR=str(FIXTURES / "gate"))
+
+            async def ias(*args: str) -> str:
+                done = await asyncio.to_thread(subprocess.run, [sys.executable, str(REPO / "ias.py"), *args],
+                                               capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
+                self.assertNotIn("Traceback", done.stderr)
+                self.assertNotIn(self.server.token, done.stdout + done.stderr)
+                return done.stdout
+            shown = await ias("wechat", "status")
+            self.assertEqual(shown.splitlines(), [
+                "logged_in: True", f"base_url: {self.server.base_url}", f"bot_id: {self.server.bot_id}",
+                f"owner: {self.server.owner}", "cursor: False", "last_inbound: None", "stale: False",
+                "stale_since: None"])
+            self.assertIn(f"ok    channel: WeChat, owner {self.server.owner}\n", await ias("doctor"))
+            await self.store.set_state(CHANNEL, "stale", {"at": self.clock(), "detail": "session timeout"})
+            self.assertIn("FAIL  channel: WeChat session expired: run `ias wechat login`\n", await ias("doctor"))
+            self.assertIn("stale: True\n", await ias("wechat", "status"))
 
 
 class ReceiveTest(WeChatTestCase):
@@ -280,7 +308,7 @@ class ReceiveTest(WeChatTestCase):
         self.assertEqual(len(self.polls()), 1)
         self.assertEqual(notes, [STALE_NOTE])
         self.assertTrue(channel.stale)
-        self.assertTrue((await status(self.store))["stale"])
+        self.assertTrue((await status(self.store)).stale)
         self.assertFalse(await channel.send(self.server.owner, "还在吗"))
         self.assertEqual(self.server.calls("/ilink/bot/sendmessage"), [])
 

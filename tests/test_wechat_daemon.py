@@ -11,7 +11,8 @@ import unittest
 from pathlib import Path
 
 from ias.agent import Agent
-from ias.channels.wechat import Credentials, WeChatChannel
+from ias.channels.wechat import WeChatChannel
+from ias.ilink import Credentials
 from ias.llm import LLM
 from ias.router import Router
 from tests.servers.ilink import ILinkServer

@@ -11,6 +11,8 @@
   HTTP error), else holds the request until the message log grows past the caller's cursor
   (`buf-<n>`) or `hold` passes. With `stale` set every authenticated call answers -14.
 - `sendmessage` records each `msg` in `sent` and answers the next of `send_replies`, else ret 0.
+- `raw`: while it holds byte strings, the next request of any kind is answered with the first of
+  them, written verbatim, and the connection closed (for malformed or oversized responses).
 
 Authenticated calls are checked for the required headers and `base_info`; a bad one is
 answered with an error and listed in `problems`, which tests expect to stay empty. Every
@@ -69,6 +71,7 @@ class ILinkServer(JSONServer):
         self.send_replies: list[dict] = []
         self.sent: list[dict] = []
         self.stale = False
+        self.raw: list[bytes] = []
         self._ids = itertools.count(7_000_000_000_000_000_001)
         self._cond = threading.Condition()
         self._closing = False
@@ -86,6 +89,11 @@ class ILinkServer(JSONServer):
                 params = {k: v[0] for k, v in parse_qs(query).items()}
                 with server._cond:
                     server.requests.append(Request(method, path, params, headers, body, time.monotonic()))
+                    raw = server.raw.pop(0) if server.raw else None
+                if raw is not None:
+                    self.close_connection = True
+                    self.wfile.write(raw)
+                    return
                 self.send_json(*server._route(method, path, params, headers, body))
 
             def do_GET(self):

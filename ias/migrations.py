@@ -1,0 +1,154 @@
+"""The database's history as data: numbered SQL steps, each applied once by `Store.open`.
+
+`MIGRATIONS[n - 1]` is version n. The store runs every step above the recorded version in one
+transaction, under an advisory lock per PostgreSQL schema, and records each in `schema_version`
+(simonw/llm's migrations.py is the model). A released step is never edited: a change is a new
+step appended here plus the same change in `schema.sql`, the readable whole schema
+(tests/test_migrations.py checks that both build the same database).
+
+Steps use plain CREATE (no IF NOT EXISTS, no OR REPLACE): a step runs exactly once, so an object
+that already exists is an error, and an audit trigger an admin disabled is never re-enabled.
+Not handled: downgrades (a database newer than this code is refused, untouched).
+"""
+from __future__ import annotations
+
+# Created (if missing) before the first step; one row per applied (or adopted) version.
+VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"""
+
+# Version 1: the schema as the unversioned code applied it at every start.
+_INITIAL = """
+CREATE TABLE pending_approvals (
+    id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at    timestamptz NOT NULL,
+    user_id       text NOT NULL,
+    skill_name    text NOT NULL,
+    params        jsonb NOT NULL,
+    code_hash     text NOT NULL,
+    attempts_left integer NOT NULL DEFAULT 3,
+    status        text NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'approved', 'rejected', 'expired')),
+    result        jsonb,
+    consumed_at   timestamptz
+);
+CREATE UNIQUE INDEX pending_approvals_one_per_user ON pending_approvals (user_id) WHERE status = 'pending';
+CREATE INDEX pending_approvals_created ON pending_approvals (created_at DESC);
+
+CREATE TABLE audit_log (
+    id          bigserial PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    event       text NOT NULL,
+    user_id     text,
+    skill_name  text,
+    params      jsonb,
+    risk        text,
+    approval_id uuid,
+    decision    text,
+    exit_code   integer,
+    duration_ms integer,
+    output_size bigint,
+    truncated   boolean,
+    detail      text,
+    prev_hash   text NOT NULL,
+    hash        text NOT NULL
+);
+
+CREATE FUNCTION audit_digest(r audit_log) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT encode(sha256(convert_to(jsonb_build_array(
+        r.prev_hash, r.id, extract(epoch FROM r.at)::text, r.event, r.user_id, r.skill_name,
+        r.params, r.risk, r.approval_id, r.decision, r.exit_code, r.duration_ms, r.output_size,
+        r.truncated, r.detail)::text, 'UTF8')), 'hex')
+$$;
+
+CREATE FUNCTION audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(7308199101);
+    NEW.id := nextval(pg_get_serial_sequence('audit_log', 'id'));
+    NEW.at := clock_timestamp();
+    NEW.prev_hash := coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '');
+    NEW.hash := audit_digest(NEW);
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION audit_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'audit_log is append-only (% refused)', TG_OP USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE TRIGGER audit_log_chain BEFORE INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_chain();
+CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_refuse();
+CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION audit_refuse();
+
+CREATE TABLE messages (
+    id      bigserial PRIMARY KEY,
+    user_id text NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    message jsonb NOT NULL
+);
+CREATE INDEX messages_user ON messages (user_id, id DESC);
+
+CREATE TABLE channel_state (
+    channel    text NOT NULL,
+    key        text NOT NULL,
+    value      jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (channel, key)
+);
+
+CREATE TABLE seen_messages (
+    channel    text NOT NULL,
+    message_id text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (channel, message_id)
+);
+
+CREATE TABLE scheduled_tasks (
+    id          bigserial PRIMARY KEY,
+    user_id     text NOT NULL,
+    name        text NOT NULL,
+    schedule    text NOT NULL,
+    kind        text NOT NULL CHECK (kind IN ('reminder', 'prompt')),
+    text        text NOT NULL,
+    enabled     boolean NOT NULL DEFAULT true,
+    next_run_at timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX scheduled_tasks_due ON scheduled_tasks (next_run_at) WHERE enabled;
+
+CREATE FUNCTION scheduled_tasks_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('ias_tasks', '');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER scheduled_tasks_changed AFTER INSERT OR UPDATE OR DELETE ON scheduled_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduled_tasks_notify();
+
+CREATE TABLE task_runs (
+    id          bigserial PRIMARY KEY,
+    task_id     bigint NOT NULL REFERENCES scheduled_tasks (id) ON DELETE CASCADE,
+    slot        timestamptz NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz,
+    status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'ok', 'error')),
+    reply       text,
+    error       text,
+    UNIQUE (task_id, slot)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL,)
+LATEST = len(MIGRATIONS)
+
+# The tables version 1 creates. A schema holding all of them but no schema_version was built by
+# the unversioned code (which applied schema.sql at every start): it is adopted as version 1.
+INITIAL_TABLES = ("pending_approvals", "audit_log", "messages", "channel_state", "seen_messages",
+                  "scheduled_tasks", "task_runs")
