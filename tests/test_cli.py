@@ -184,7 +184,7 @@ class BadInputTest(CliTestCase):
                                   ([], {"IAS_APPROVAL_TIMEOUT": "soon"}, "IAS_APPROVAL_TIMEOUT"),
                                   ([], {"IAS_APPROVAL_TIMEOUT": "nan"}, "IAS_APPROVAL_TIMEOUT"),
                                   ([], {"IAS_MODEL": "caf\udce9"}, "IAS_MODEL is not valid UTF-8"),
-                                  ([], {"IAS_DATA_DIR": "a-file"}, "cannot create the directory of secret key"),
+                                  ([], {"IAS_DATA_DIR": "a-file"}, "is not a directory"),
                                   ([], {"OPENAI_API_KEY": "sk-\udcff"}, "OPENAI_API_KEY is not valid UTF-8")]:
             with self.subTest(args=args, env=env):
                 self.env.update(env)
