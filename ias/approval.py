@@ -51,15 +51,24 @@ def load_key(path: Path) -> bytes:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:          # e.g. IAS_DATA_DIR names a file
             raise ConfigError(f"cannot create the directory of secret key {path}: {exc.strerror}") from None
+        # Written aside, then linked into place: a process starting at the same moment sees either
+        # no key or the whole key, never an empty file (link, unlike rename, refuses to replace).
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise ConfigError(f"cannot create secret key {path}: {exc.strerror}") from None
-        else:
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as file:
                 file.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(draft, path)
+            except FileExistsError:
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot create secret key {path}: {exc.strerror}") from None
+        finally:
+            try:
+                os.unlink(draft)
+            except OSError:
+                pass
     try:
         mode = path.stat().st_mode
         key = path.read_bytes().strip()

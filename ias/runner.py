@@ -375,6 +375,7 @@ class Runner:
             IAS_PYTHON=self._python,
             IAS_HOME=self._repo_root,
             PYTHONPATH=os.path.join(self._repo_root, "resources", "lib"),     # the ias_skill helper
+            PYTHONDONTWRITEBYTECODE="1",        # a skill leaves nothing behind in the repository
         )
         env.update(_param_environment(params, text))
         return env

@@ -38,7 +38,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the runner sets itself; a skill cannot ask for the daemon's value of these.
 RESERVED_ENV = frozenset({"PATH", "LANG", "TZ", "HOME", "IAS_SKILL", "IAS_SKILL_DIR",
-                          "IAS_PARAMS", "IAS_PYTHON", "IAS_HOME", "PYTHONPATH"})
+                          "IAS_PARAMS", "IAS_PYTHON", "IAS_HOME", "PYTHONPATH",
+                          "PYTHONDONTWRITEBYTECODE"})
 SECTION_ALIASES = {
     "risk level": "risk", "风险等级": "risk",
     "parameters": "parameters", "参数": "parameters",

@@ -5,6 +5,8 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 import tempfile
 import unittest
 import uuid
@@ -16,7 +18,7 @@ from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent
 from tests.servers.llm import calls, text
-from tests.support import CODE_LINE, FakeOwner, GateTestCase, StoreTestCase, capture_logs
+from tests.support import CODE_LINE, REPO, FakeOwner, GateTestCase, StoreTestCase, capture_logs
 
 REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"}
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
@@ -121,6 +123,17 @@ class KeyFileTest(unittest.TestCase):
             self.assertGreaterEqual(len(key), 32)
             self.assertEqual(stat.S_IMODE(path.stat().st_mode), 0o600)
             self.assertEqual(load_key(path), key)
+
+    def test_processes_starting_together_all_get_the_one_whole_key(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "secret.key"
+            script = f"from ias.approval import load_key; print(load_key({str(path)!r}).decode())"
+            procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(12)]
+            results = [proc.communicate(timeout=30) for proc in procs]
+            self.assertEqual([err for _, err in results], [""] * 12)
+            self.assertEqual({out for out, _ in results}, {path.read_text()})
+            self.assertEqual(os.listdir(tmp), ["secret.key"])        # no draft left behind
 
     def test_refuses_readable_or_short_keys(self):
         with tempfile.TemporaryDirectory() as tmp:

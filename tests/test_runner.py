@@ -196,7 +196,8 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
             "PATH": os.environ["PATH"], "LANG": "C.UTF-8", "TZ": "Asia/Shanghai", "HOME": home,
             "IAS_SKILL": "echo_back", "IAS_SKILL_DIR": str(FIXTURES / "echo_back"),
             "IAS_PARAMS": params_text, "IAS_PARAM_OUT_DIR": str(self.out), "IAS_PARAM_Q": "1",
-            "IAS_PYTHON": "/opt/py/bin/python3", "IAS_HOME": str(REPO), "PYTHONPATH": str(REPO / "resources" / "lib"),
+            "IAS_PYTHON": "/opt/py/bin/python3", "IAS_HOME": str(REPO),
+            "PYTHONPATH": str(REPO / "resources" / "lib"), "PYTHONDONTWRITEBYTECODE": "1",
             "QWEATHER_API_KEY": "qw-key"})
         seen = parse_env(self.echoed("env0"))   # what a command inside the script sees
         self.assertEqual(set(seen), set(given) | BASH_ADDS)
