@@ -10,10 +10,8 @@ import time
 import unittest
 from pathlib import Path
 
-from ias.agent import Agent
 from ias.channels.wechat import Credentials, WeChatChannel
 from ias.llm import LLM
-from ias.router import Router
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
@@ -35,8 +33,7 @@ class WeChatTurnTest(GateTestCase):
         self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
         self.channel = WeChatChannel(self.store, Credentials(self.ilink.token, self.ilink.base_url, self.ilink.bot_id,
                                                              self.ilink.owner), retry_delay=0.05, backoff_delay=0.1)
-        self.router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm),
-                             {"wechat": self.channel})
+        self.use(self.build(llm=self.llm, channels=[self.channel], primary=self.channel))
         await self.channel.start(self.router.deliver)
 
     async def asyncTearDown(self):
