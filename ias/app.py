@@ -9,7 +9,7 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import AsyncIterator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
 from . import systemd
 from .agent import APOLOGY, NO_LLM, Agent
@@ -31,6 +31,9 @@ from .skills import Registry, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
 from .wechat_login import credentials
+
+if TYPE_CHECKING:
+    from .llm import LLM            # imported for real only when there is an API key (see open_llm)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class App:
     router: Router | None = None        # only when built with channels
 
 
-def build(config: Config, store: Store, *, llm=None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
+def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
           channels: Sequence[Channel] = (), primary: Channel | None = None, monitor: DatabaseMonitor | None = None,
           spawn: Callable[[Coroutine, str], asyncio.Task] | None = None) -> App:
     """Everything `config` describes, over the opened `store`: the one place where iAs's objects are made.
@@ -94,12 +97,12 @@ def build(config: Config, store: Store, *, llm=None, key: bytes | None = None, n
     """
     skills = registry(config)
     # Skills that list them in ## Env (the task skills) reach this very database through the CLI.
-    environ = {**config.environ, "IAS_DATABASE_URL": store.dsn, "IAS_DATA_DIR": str(config.data_dir)}
+    environ = {**config.environ, "IAS_DATABASE_URL": store.dsn, "IAS_DATA_DIR": str(config.data_dir.resolve())}
     runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
                     python=sys.executable)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     gate = Gate(skills, runner, store, approvals)
-    agent = Agent(skills, gate, store, llm) if now is None else Agent(skills, gate, store, llm, now=now)
+    agent = Agent(skills, gate, store, llm, now=now)
     router = None
     if channels:
         if primary is None:
@@ -124,7 +127,7 @@ async def wechat(config: Config, store: Store, on_stale=None):
 
 
 @asynccontextmanager
-async def open_llm(config: Config):
+async def open_llm(config: Config) -> AsyncIterator[LLM | None]:
     """The LLM client, closed on the way out; None without an API key (openai imported only when there is one)."""
     if not config.openai_api_key:
         yield None

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import unittest
 import uuid
 from pathlib import Path
@@ -178,6 +179,15 @@ class SkillsTestCase(GateTestCase):
     """The gate over the shipped skills (resources/skills and skills/)."""
     system_skills = REPO / "resources" / "skills"
     user_skills = REPO / "skills"
+
+
+async def until(predicate, timeout: float = 10) -> None:
+    """Wait for an observable end state that has no event of its own (a file written, a flag flipped)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        await asyncio.sleep(0.01)
 
 
 def load_script(path: Path, name: str):

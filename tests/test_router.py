@@ -1,7 +1,6 @@
 """The router: /commands, approval replies before the model, stray codes, a lost database, per-user order."""
 import asyncio
 import json
-import time
 
 from ias.agent import HELP
 from ias.channels.base import Inbound
@@ -11,16 +10,7 @@ from ias.router import DB_DOWN, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase
-
-
-async def until(predicate, timeout: float = 10) -> None:
-    """Wait for an observable end state (a file written, a flag flipped) that has no event of its own."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        await asyncio.sleep(0.01)
+from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, until
 
 
 class RouterTestCase(GateTestCase):
