@@ -196,10 +196,10 @@ NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录�
 async def run_once(config: Config, text: str) -> int:
     """`ias --once TEXT`: one turn for the owner; the reply on stdout."""
     async with open_store(config) as store, open_llm(config) as llm:
+        c = build(config, store, llm=llm)
         if llm is None and not text.strip().startswith("/"):
             print(NO_LLM, file=sys.stderr)
             return 1
-        c = build(config, store, llm=llm)
         async with owner_approvals(config, c) as (user, notify):
             reply = await c.agent.turn(user, text, notify)
         print(reply)
