@@ -77,19 +77,18 @@ def bench_cold_start() -> None:
 async def bench_gate() -> None:
     """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
     from tests.support import FakeOwner, drop_schema, fresh_schema_dsn
-    from ias.approval import Approvals
-    from ias.gate import Gate
-    from ias.runner import Runner
+    from ias.app import build
+    from ias.config import Config
     from ias.store import Store
 
     dsn, schema_name = await asyncio.to_thread(fresh_schema_dsn)
     store = await Store.open(dsn)
     tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
     try:
-        registry = load_registry(None, REPO / "tests" / "fixtures" / "gate")
-        runner = Runner(repo_root=REPO, run_dir=tmp / "runs", environ={"PATH": os.environ.get("PATH", "")})
-        approvals = Approvals(store, os.urandom(32), 60)
-        gate = Gate(registry, runner, store, approvals)
+        app = build(Config(data_dir=tmp, system_skills_dir=None, skills_dir=REPO / "tests" / "fixtures" / "gate",
+                           approval_timeout=60, environ={"PATH": os.environ.get("PATH", "")}),
+                    store, key=os.urandom(32))
+        registry, runner, approvals, gate = app.registry, app.runner, app.approvals, app.gate
         script = registry.get("echo_low").execute
         rounds = 60
 

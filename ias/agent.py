@@ -53,13 +53,13 @@ class Agent:
     """Turns an owner's message into a reply, using the model and the skills."""
 
     def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 now: Callable[[], datetime] | None = None,
                  max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW):
         self.registry = registry
         self.gate = gate
         self.store = store
         self.llm = llm
-        self.now = now
+        self.now = now or (lambda: datetime.now(timezone.utc))
         self.max_rounds = max_rounds
         self.window = window
         self.tools = [tool_spec(s) for s in registry]

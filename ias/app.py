@@ -8,21 +8,32 @@ import signal
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
+from datetime import datetime
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
 from . import ilink, systemd
+from .agent import APOLOGY, NO_LLM, Agent
 from .approval import Approvals, Notify, load_key
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
+from .channels.wechat import WeChatChannel
 from .config import Config
 from .errors import IasError, StoreError
 from .gate import Gate
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE
 from .locks import FileLock
+from .monitor import DatabaseMonitor
 from .pgcluster import Cluster
-from .runner import Runner
+from .router import Router
+from .runner import Runner, recover
+from .scheduler import Scheduler, retry_later
 from .skills import Registry, registry
 from .store import AuditEntry, Store
+from .supervisor import Supervisor
+from .wechat_login import credentials
+
+if TYPE_CHECKING:
+    from .llm import LLM            # imported for real only when there is an API key (see open_llm)
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +74,42 @@ async def instance_lock(config: Config) -> AsyncIterator[None]:
 
 
 @dataclass(frozen=True, slots=True)
-class Core:
-    """What every command that calls skills needs."""
+class App:
+    """iAs's objects for one process, wired once by `build`."""
     config: Config
-    registry: Registry
     store: Store
+    registry: Registry
     runner: Runner
     approvals: Approvals
     gate: Gate
+    agent: Agent
+    router: Router | None = None        # only when built with channels
 
 
-def core(config: Config, store: Store, skills: Registry | None = None) -> Core:
-    skills = skills or registry(config)
+def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
+          channels: Sequence[Channel] = (), primary: Channel | None = None, monitor: DatabaseMonitor | None = None,
+          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None) -> App:
+    """Everything `config` describes, over the opened `store`: the one place where iAs's objects are made.
+
+    `llm` None: only /commands (one-off commands never import openai). `key` None: read from
+    config.key_file. `now`: the agent's clock. With `channels`, a router over them that sends
+    what nobody asked for (task results, restart notes) to `primary`.
+    """
+    skills = registry(config)
     # Skills that list them in ## Env (the task skills) reach this very database through the CLI.
     environ = {**config.environ, "IAS_DATABASE_URL": store.dsn, "IAS_DATA_DIR": str(config.data_dir.resolve())}
     runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
                     python=sys.executable)
-    approvals = Approvals(store, load_key(config.key_file), config.approval_timeout)
-    return Core(config, skills, store, runner, approvals, Gate(skills, runner, store, approvals))
+    approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
+    gate = Gate(skills, runner, store, approvals)
+    agent = Agent(skills, gate, store, llm, now=now)
+    router = None
+    if channels:
+        if primary is None:
+            raise ValueError("a router needs its primary channel")
+        router = Router(approvals, agent, {channel.name: channel for channel in channels}, primary,
+                        monitor=monitor, spawn=spawn)
+    return App(config, store, skills, runner, approvals, gate, agent, router)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -93,22 +122,26 @@ async def resolve_owner(config: Config, store: Store) -> str:
 
 async def wechat(config: Config, store: Store, on_stale=None):
     """The WeChat channel when logged in (environment or stored login), else None."""
-    from .channels.wechat import WeChatChannel
-    from .wechat_login import credentials
     creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
     return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale)
 
 
-def make_llm(config: Config):
-    """The LLM client, or None without an API key (imports openai only when there is one)."""
+@asynccontextmanager
+async def open_llm(config: Config) -> AsyncIterator[LLM | None]:
+    """The LLM client, closed on the way out; None without an API key (openai imported only when there is one)."""
     if not config.openai_api_key:
-        return None
+        yield None
+        return
     from .llm import LLM
-    return LLM(config.openai_api_key, config.openai_base_url, config.model)
+    llm = LLM(config.openai_api_key, config.openai_base_url, config.model)
+    try:
+        yield llm
+    finally:
+        await llm.close()
 
 
 @asynccontextmanager
-async def owner_approvals(config: Config, c: "Core") -> AsyncIterator[tuple[str, Notify]]:
+async def owner_approvals(config: Config, c: App) -> AsyncIterator[tuple[str, Notify]]:
     """For `run` and `--once`: the owner, and how to ask them — WeChat when logged in, else the terminal.
 
     Over WeChat, replies arrive through the channel's long poll while the call waits; messages
@@ -162,22 +195,15 @@ NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录�
 
 async def run_once(config: Config, text: str) -> int:
     """`ias --once TEXT`: one turn for the owner; the reply on stdout."""
-    from .agent import APOLOGY, NO_LLM, Agent
-    async with open_store(config) as store:
-        c = core(config, store)
-        llm = make_llm(config)
-        try:
-            if llm is None and not text.strip().startswith("/"):
-                print(NO_LLM, file=sys.stderr)
-                return 1
-            agent = Agent(c.registry, c.gate, store, llm)
-            async with owner_approvals(config, c) as (user, notify):
-                reply = await agent.turn(user, text, notify)
-            print(reply)
-            return 1 if reply == APOLOGY else 0
-        finally:
-            if llm is not None:
-                await llm.close()
+    async with open_store(config) as store, open_llm(config) as llm:
+        c = build(config, store, llm=llm)
+        if llm is None and not text.strip().startswith("/"):
+            print(NO_LLM, file=sys.stderr)
+            return 1
+        async with owner_approvals(config, c) as (user, notify):
+            reply = await c.agent.turn(user, text, notify)
+        print(reply)
+        return 1 if reply == APOLOGY else 0
 
 
 async def _explain_no_confirm(text: str) -> bool:
@@ -193,27 +219,14 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     service manager restarts it. On SIGTERM the running skills are ended first, then the calls
     record their results (within SHUTDOWN_GRACE), and only then are the turns cancelled.
     """
-    from .agent import Agent
-    from .monitor import DatabaseMonitor
-    from .router import Router
-    from .runner import recover
-    from .scheduler import Scheduler, retry_later
-    from .supervisor import Supervisor
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     cluster = None if config.database_url else Cluster(config.data_dir / "pg")
-    async with instance_lock(config), open_store(config, cluster) as store:
-        c = core(config, store)
-        for line in c.registry.problems:
-            log.error("skill not loaded: %s", line)
-        llm = make_llm(config)
+    async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work")
-        # Crash recovery: what a dead daemon or command left behind (never a re-run).
-        await asyncio.to_thread(recover, c.runner.run_dir)
-        await c.gate.record_interrupted()
         supervisor = Supervisor()
         monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
                                   limit=db_lost_limit)
@@ -222,12 +235,15 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
 
         async def stale(note: str) -> None:
             await console.send(user, note)
-        channels: dict[str, Channel] = {console.name: console}
         weixin = await wechat(config, store, on_stale=stale)
-        if weixin is not None:
-            channels = {weixin.name: weixin, console.name: console}    # WeChat first: the primary channel
-        router = Router(c.approvals, Agent(c.registry, c.gate, store, llm), channels, monitor=monitor,
-                        spawn=supervisor.spawn)
+        c = build(config, store, llm=llm, channels=[console] if weixin is None else [weixin, console],
+                  primary=weixin or console, monitor=monitor, spawn=supervisor.spawn)
+        router, channels = c.router, c.router.channels
+        for line in c.registry.problems:
+            log.error("skill not loaded: %s", line)
+        # Crash recovery: what a dead daemon or command left behind (never a re-run).
+        await asyncio.to_thread(recover, c.runner.run_dir)
+        await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()
         await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
                                                             f"channels {','.join(channels)}"))
@@ -271,8 +287,6 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                                              + (f", {supervisor.reason}" if supervisor.reason else "")))
             except StoreError as exc:
                 log.error("daemon_stop not recorded: %s", exc)
-            if llm is not None:
-                await llm.close()
     return 1 if supervisor.failed.is_set() else 0
 
 

@@ -29,6 +29,7 @@ from typing import Awaitable, Callable
 from .audit import redact
 from .errors import ConfigError, StoreError
 from .limits import APPROVALS_PER_TURN, MARKS_RUN_MAX, SPACES_RUN_MAX, WECHAT_TEXT_MAX
+from .locks import UserLocks
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
 
@@ -258,10 +259,7 @@ class Approvals:
         self.key = key
         self.timeout = timeout
         self._waiting: dict[str, _Waiter] = {}
-        self._turns: dict[str, asyncio.Lock] = {}
-
-    def waiting(self, user_id: str) -> bool:
-        return user_id in self._waiting
+        self._turns = UserLocks()
 
     @staticmethod
     def _entry(row: Approval, decision: str, risk: str | None, detail: str | None = None) -> AuditEntry:
@@ -291,7 +289,7 @@ class Approvals:
             return Outcome(refusal, None)
         if turn is not None:
             turn.asked += 1
-        async with self._turns.setdefault(user_id, asyncio.Lock()):
+        async with self._turns.hold(user_id):
             return await self._request(user_id, skill, params, notify)
 
     async def _request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None) -> Outcome:

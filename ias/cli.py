@@ -192,14 +192,14 @@ def cmd_skills(config, args) -> int:
 
 async def cmd_run(config, name: str, params_text: str) -> int:
     from . import schema
-    from .app import core, open_store, owner_approvals
+    from .app import build, open_store, owner_approvals
     try:
         params = schema.loads(params_text)
     except json.JSONDecodeError as exc:
         print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
         return 2
     async with open_store(config) as store:
-        c = core(config, store)
+        c = build(config, store)
         async with owner_approvals(config, c) as (user, notify):
             result = await c.gate.call(user, name, params, notify)
         print(json.dumps(result, ensure_ascii=False))
@@ -236,7 +236,7 @@ async def cmd_audit(config, limit: int, verify: bool) -> int:
 
 async def cmd_doctor(config) -> int:
     """One line per check; exit 1 when any check fails."""
-    from .app import make_llm, open_store
+    from .app import open_llm, open_store
     from .approval import load_key
     from .skills import registry
     failed = False
@@ -269,16 +269,14 @@ async def cmd_doctor(config) -> int:
                 line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
     except IasError as exc:
         line(False, "database", str(exc))
-    llm = make_llm(config)
-    if llm is None:
-        line(False, "llm", "OPENAI_API_KEY is not set")
-    else:
-        try:
-            line(True, "llm", f"{config.openai_base_url or 'https://api.openai.com/v1'}: {await llm.check()}")
-        except Exception as exc:              # any endpoint failure is a finding, not a crash
-            line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
-        finally:
-            await llm.close()
+    async with open_llm(config) as llm:
+        if llm is None:
+            line(False, "llm", "OPENAI_API_KEY is not set")
+        else:
+            try:
+                line(True, "llm", f"{config.openai_base_url or 'https://api.openai.com/v1'}: {await llm.check()}")
+            except Exception as exc:              # any endpoint failure is a finding, not a crash
+                line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
     return 1 if failed else 0
 
 

@@ -43,7 +43,7 @@ class Config:
     wechat_token: str | None = None
     wechat_owner: str | None = None
     skills_dir: Path = REPO_ROOT / "skills"
-    system_skills_dir: Path = REPO_ROOT / "resources" / "skills"
+    system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()
     repo_root: Path = REPO_ROOT
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)

@@ -280,16 +280,6 @@ class Schedule:
     text: str
     anchor: datetime | None = None
 
-    @property
-    def at(self) -> datetime | None:
-        """A one-shot's time (aware, TZ); None for other kinds."""
-        return _once_at(self.text) if self.kind == "once" else None
-
-    @property
-    def interval(self) -> timedelta | None:
-        """An interval's length; None for other kinds."""
-        return _every_interval(self.text) if self.kind == "every" else None
-
     def next_after(self, after: datetime) -> datetime | None:
         """The next run strictly after `after` (aware, TZ); None for a one-shot already past."""
         after = _aware(after)

@@ -5,12 +5,18 @@ A flock belongs to an open file description, so the kernel drops it when the hol
 however it dies (kill -9 included), and it does not depend on any database connection. The
 descriptors are close-on-exec, so PostgreSQL and skills never inherit (and never keep) a lock.
 Not handled: network file systems, where flock may not be shared between machines.
+
+Also here: `UserLocks`, the in-process per-user turn locks (asyncio), which forget a user as
+soon as nobody holds or waits for their lock, so the table never grows with users seen once.
 """
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 from .errors import IasError
 
@@ -59,3 +65,30 @@ class FileLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class UserLocks:
+    """One asyncio lock per user, taken in turn; an entry lives only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}     # user -> (lock, holders and waiters)
+
+    def __len__(self) -> int:
+        """How many users hold or wait for their lock."""
+        return len(self._locks)
+
+    @asynccontextmanager
+    async def hold(self, user_id: str) -> AsyncIterator[None]:
+        """Hold `user_id`'s lock, after whoever holds or waits for it already."""
+        lock, users = self._locks.get(user_id, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[user_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[user_id]
+            if users == 1:
+                del self._locks[user_id]
+            else:
+                self._locks[user_id] = (lock, users - 1)

@@ -15,6 +15,7 @@ from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
+from .locks import UserLocks
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,23 @@ DB_DOWN = "数据库暂时不可用，请稍后再试。"
 class Router:
     """Dispatches inbound messages from every channel; replies go back on the channel they came from."""
 
-    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], *, monitor=None,
-                 spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
+    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], primary: Channel, *,
+                 monitor=None, spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
+        if channels.get(primary.name) is not primary:
+            raise ValueError(f"the primary channel {primary.name!r} is not one of the channels")
         self.approvals = approvals
         self.agent = agent
         self.channels = channels
+        self.primary = primary        # where messages nobody asked for go (task results, restart notes)
         self.monitor = monitor        # the DatabaseMonitor, in the daemon
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
-        self.primary = next(iter(channels.values()))     # where messages nobody asked for go
-        self._turns: dict[str, asyncio.Lock] = {}
+        self._turns = UserLocks()
         self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def users_in_turn(self) -> int:
+        """How many users have a turn running or waiting (none once every turn has ended)."""
+        return len(self._turns)
 
     async def dispatch(self, message: Inbound) -> None:
         """Handle one message; never raises (a failure is logged and the owner told briefly)."""
@@ -71,7 +79,7 @@ class Router:
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
                 return False
             return await channel.send(user_id, message)
-        async with self._turns.setdefault(user_id, asyncio.Lock()):
+        async with self._turns.hold(user_id):
             return await self.agent.turn(user_id, text, notify)
 
     async def run_task(self, task) -> str:

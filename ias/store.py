@@ -117,20 +117,7 @@ class Task:
     updated_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRun:
-    id: int
-    task_id: int
-    slot: datetime
-    started_at: datetime
-    finished_at: datetime | None
-    status: str                    # "running" | "ok" | "error"
-    reply: str | None
-    error: str | None
-
-
 _TASK_FIELDS = ", ".join(f.name for f in fields(Task))
-_RUN_FIELDS = ", ".join(f.name for f in fields(TaskRun))
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
                  f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
@@ -601,12 +588,6 @@ class Store:
         async with self._conn() as conn:
             await conn.execute("UPDATE task_runs SET finished_at = clock_timestamp(), status = %s, reply = %s, "
                                "error = %s WHERE id = %s", (status, reply, error, run_id))
-
-    async def task_runs(self, task_id: int | None = None, limit: int = 20) -> list[TaskRun]:
-        where, args = ("WHERE task_id = %s", (task_id, limit)) if task_id is not None else ("", (limit,))
-        async with self._conn() as conn:
-            cur = await conn.execute(f"SELECT {_RUN_FIELDS} FROM task_runs {where} ORDER BY id DESC LIMIT %s", args)
-            return [TaskRun(**row) for row in await cur.fetchall()]
 
     async def wait_for_task_change(self, timeout: float) -> bool:
         """Wait up to `timeout` s for a change to scheduled_tasks (LISTEN on a dedicated connection).

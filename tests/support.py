@@ -14,14 +14,19 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 
+from ias.app import App, build
 from ias.channels.base import Channel
+from ias.config import Config
 from ias.pgcluster import Cluster
 from ias.store import Store
 
@@ -90,6 +95,12 @@ class StoreTestCase(unittest.IsolatedAsyncioTestCase):
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else []
 
+    def task_runs(self, task_id: int) -> list[SimpleNamespace]:
+        """A task's runs, newest first, read with SQL (attributes named as the columns)."""
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
+            rows = conn.execute("SELECT * FROM task_runs WHERE task_id = %s ORDER BY id DESC", (task_id,)).fetchall()
+        return [SimpleNamespace(**row) for row in rows]
+
 
 class FakeOwner:
     """The owner at the other end of a channel: records every message, can refuse delivery."""
@@ -117,7 +128,8 @@ CODE_LINE = re.compile(r"确认码：(\d{6})")
 
 
 class GateTestCase(StoreTestCase):
-    """A store plus the gate over `system_skills` and `user_skills` (default: tests/fixtures/gate).
+    """A store plus the objects `app.build` wires over `system_skills` and `user_skills` (default:
+    tests/fixtures/gate): `self.app`, and its registry, runner, approvals and gate as attributes.
 
     The runner's environment is `runner_environ()`: PATH plus what a subclass adds (e.g. the
     base URL of a local server started before `super().asyncSetUp()`).
@@ -131,18 +143,26 @@ class GateTestCase(StoreTestCase):
 
     async def asyncSetUp(self) -> None:
         await super().asyncSetUp()
-        from ias.approval import Approvals
-        from ias.gate import Gate
-        from ias.runner import Runner
-        from ias.skills import load_registry
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-gate-"))
         self.key = os.urandom(32)
-        self.registry = load_registry(self.system_skills, self.user_skills)
-        self.runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=self.runner_environ())
-        self.approvals = Approvals(self.store, self.key, self.approval_timeout)
-        self.gate = Gate(self.registry, self.runner, self.store, self.approvals)
+        self.use(self.build())
         self.marker = self.tmp / "marker"
         self.owner = FakeOwner()
+
+    def build(self, *, environ: dict[str, str] | None = None, store: Store | None = None, **options) -> App:
+        """`app.build` over this test's store (or `store`), key and data directory; `options` go to build
+        (llm, now, channels, primary …); `environ` replaces `runner_environ()`."""
+        config = Config(data_dir=self.tmp, system_skills_dir=self.system_skills, skills_dir=self.user_skills,
+                        approval_timeout=self.approval_timeout,
+                        environ=self.runner_environ() if environ is None else environ)
+        return build(config, store or self.store, key=self.key, **options)
+
+    def use(self, app: App) -> App:
+        """Make `app` this test's: self.app and its registry, runner, approvals, gate, agent and router."""
+        self.app = app
+        self.registry, self.runner, self.approvals, self.gate = app.registry, app.runner, app.approvals, app.gate
+        self.agent, self.router = app.agent, app.router
+        return app
 
     async def asyncTearDown(self) -> None:
         await super().asyncTearDown()
@@ -161,6 +181,15 @@ class SkillsTestCase(GateTestCase):
     """The gate over the shipped skills (resources/skills and skills/)."""
     system_skills = REPO / "resources" / "skills"
     user_skills = REPO / "skills"
+
+
+async def until(predicate, timeout: float = 10) -> None:
+    """Wait for an observable end state that has no event of its own (a file written, a flag flipped)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        await asyncio.sleep(0.01)
 
 
 def load_script(path: Path, name: str):

@@ -5,10 +5,10 @@ import os
 import unittest
 from datetime import datetime, timezone
 
-from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, Agent, system_prompt
+from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, system_prompt
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
-from ias.router import NOTHING_PENDING, Router
+from ias.router import NOTHING_PENDING
 from tests.servers.llm import LLMServer, calls, error, text
 from tests.support import REPO, GateTestCase, capture_logs
 
@@ -44,7 +44,7 @@ class AgentTestCase(GateTestCase):
         await super().asyncSetUp()
         self.server = LLMServer().__enter__()
         self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
-        self.agent = Agent(self.registry, self.gate, self.store, self.llm, now=lambda: FIXED_NOW)
+        self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW))
 
     async def asyncTearDown(self):
         await self.llm.close()
@@ -108,7 +108,7 @@ class ChatTest(AgentTestCase):
 
     async def test_bad_key_is_not_retried(self):
         bad = LLM("sk-wrong", self.server.base_url, "test-model", retry_delays=(0.01,))
-        agent = Agent(self.registry, self.gate, self.store, bad)
+        agent = self.build(llm=bad).agent
         self.assertEqual(await agent.turn("owner", "hi", None), APOLOGY)
         self.assertEqual(self.server.requests, [])
         await bad.close()
@@ -142,7 +142,7 @@ class ChatTest(AgentTestCase):
         self.assertEqual(roles, ["system", "user"])
 
     async def test_commands_need_no_llm(self):
-        agent = Agent(self.registry, self.gate, self.store, None)
+        agent = self.build().agent
         self.assertEqual(await agent.turn("owner", "/help", None), HELP)
         self.assertIn("mark_high（高风险）", await agent.turn("owner", "/skills", None))
         out = await agent.turn("owner", '/run echo_low {"text": "hey"}', None)
@@ -164,7 +164,7 @@ class ApprovalThroughConsoleTest(AgentTestCase):
         self.stdin = os.fdopen(read_fd, "r")
         self.screen = Screen()
         self.console = ConsoleChannel("owner", stdin=self.stdin, stdout=self.screen, interactive=True)
-        self.router = Router(self.approvals, self.agent, {"console": self.console})
+        self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW, channels=[self.console], primary=self.console))
         await self.console.start(self.router.deliver)
 
     async def asyncTearDown(self):

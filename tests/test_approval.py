@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from ias import approval
-from ias.approval import Approvals, TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
+from ias.approval import TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent
@@ -180,7 +180,7 @@ class OutcomeTest(GateTestCase):
         self.assertEqual(self.runs(), 0)
         [row] = await self.store.approvals(include_closed=True)
         self.assertEqual((row.status, row.attempts_left), ("rejected", 0))
-        self.assertFalse(self.approvals.waiting("owner"))
+        self.assertIsNone(await self.approvals.redeem("owner", code))          # nothing waits any more
 
     async def test_cancel_words(self):
         for word in ("0", "取消", "０"):
@@ -284,28 +284,32 @@ class OutcomeTest(GateTestCase):
         self.assertEqual(result, EXPIRED)
         events = [(r.event, r.detail) for r in await self.store.audit_rows()]
         self.assertIn(("approval_expired", "delivery_failed"), events)
-        self.assertFalse(self.approvals.waiting("owner"))
+        self.assertIsNone(await self.approvals.redeem("owner", "123456"))      # nothing waits any more
 
     async def test_no_channel_means_not_confirmed(self):
         result = await self.gate.call("owner", "mark_high", {"marker": str(self.marker)}, None)
         self.assertEqual(result, EXPIRED)
 
     async def test_one_pending_per_user_further_calls_queue(self):
-        first = self.call_high(note="first")
+        asked: list[list[str]] = []       # the stored statuses whenever the owner is asked
+
+        async def notify(text: str) -> bool:
+            asked.append(sorted(row.status for row in await self.store.approvals(include_closed=True)))
+            return await self.owner.notify(text)
+        first = self.call_high(note="first", notify=notify)
         code1 = await self.owner.code()
-        second = self.call_high(note="second")
-        await asyncio.sleep(0.2)
-        self.assertEqual(len(self.owner.messages), 1)          # the second waits its turn
-        self.assertEqual(len(await self.store.approvals()), 1)
+        second = self.call_high(note="second", notify=notify)
         await self.approvals.redeem("owner", code1)
         self.assertEqual((await first)["note"], "first")
         code2 = await self.owner.code()
         await self.approvals.redeem("owner", code2)
         self.assertEqual((await second)["note"], "second")
         self.assertEqual(self.marker.read_text(), "first\nsecond\n")
+        self.assertEqual([statuses.count("pending") for statuses in asked], [1, 1])   # the second waited its turn
+        self.assertEqual(len(asked[1]), 2)
 
     async def test_a_pending_approval_in_another_process_denies_the_call(self):
-        other, asked = Approvals(self.store, self.key, 5), FakeOwner()   # e.g. `ias run` while the daemon waits
+        other, asked = self.build().approvals, FakeOwner()   # e.g. `ias run` while the daemon waits
         first = asyncio.create_task(other.request("owner", self.registry.get("mark_high"),
                                                   {"marker": str(self.marker)}, asked.notify))
         await asked.code()
@@ -324,7 +328,7 @@ class OutcomeTest(GateTestCase):
         task = self.call_high()
         await self.owner.code()
         task.cancel()
-        fresh = Approvals(self.store, self.key, 5)
+        fresh = self.build().approvals
         [row] = await fresh.expire_leftovers()
         self.assertEqual(row.skill_name, "mark_high")
         [stored] = await self.store.approvals(include_closed=True)
@@ -418,7 +422,7 @@ class NotAskedTest(GateTestCase):
 class ApprovingOwner(FakeOwner):
     """An owner who answers every confirmation message with its code (or with `reply`)."""
 
-    def __init__(self, approvals: Approvals, reply: str | None = None):
+    def __init__(self, approvals, reply: str | None = None):
         super().__init__()
         self.approvals = approvals
         self.reply = reply

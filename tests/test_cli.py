@@ -39,6 +39,14 @@ class RunTest(CliTestCase):
         self.assertTrue(out["success"])
         self.assertRegex(out["datetime"], r"^\d{4}-\d{2}-\d{2} 星期.$")
 
+    def test_run_does_not_import_openai(self):
+        """Commands that need no model never import it (cold start), even with OPENAI_API_KEY set."""
+        probe = ("import sys; from ias import cli; code = cli.main(['run', 'echo_low', '{\"text\": \"hi\"}']); "
+                 "print(code, 'openai' in sys.modules)")
+        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                env={**self.env, "PYTHONPATH": str(REPO)}, cwd=self.tmp, timeout=60)
+        self.assertEqual(result.stdout.splitlines()[-1], "0 False", result.stderr)
+
     def test_errors(self):
         result = self.ias("run", "nope")
         self.assertEqual((result.returncode, json.loads(result.stdout)), (1, {"success": False, "error": "未知技能：nope"}))

@@ -54,5 +54,47 @@ class PathsTest(unittest.TestCase):
         self.assertEqual(Config(secret_key_file=Path("k")).key_file, self.tmp / "k")
 
 
+class LoadTest(unittest.TestCase):
+    """What load() reads, what wins, and what it refuses (one ConfigError line, never a silent default)."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory(prefix="ias-config-")
+        self.addCleanup(tmp.cleanup)
+        self.file = Path(tmp.name) / "ias.toml"
+
+    def load(self, toml: str, **environ: str):
+        self.file.write_text(toml, encoding="utf-8")
+        return load(self.file, environ)
+
+    def test_the_environment_wins_and_secrets_come_only_from_it(self):
+        config = self.load('model = "from-file"\napproval_timeout = 60\n[skills]\nallow_risk_downgrade = ["wol"]\n',
+                           IAS_MODEL=" from-env ", OPENAI_API_KEY="sk-x", IAS_WECHAT_TOKEN="t")
+        self.assertEqual((config.model, config.approval_timeout), ("from-env", 60.0))
+        self.assertEqual((config.openai_api_key, config.wechat_token), ("sk-x", "t"))
+        self.assertEqual(config.allow_risk_downgrade, frozenset({"wol"}))
+        self.assertEqual(config.environ["IAS_MODEL"], " from-env ")       # the skills' environment, as given
+        self.assertEqual(self.load("", IAS_MODEL="   ").model, "gpt-4o-mini")   # blank: not set
+
+    def test_refusals(self):
+        for toml, environ, needle in [
+                ('openai_api_key = "sk-x"\n', {}, "is a secret; set OPENAI_API_KEY"),
+                ('modle = "x"\n', {}, "unknown setting 'modle'"),
+                ("approval_timeout = 0.5\n", {}, "between 1 and 86400 seconds"),
+                ("", {"IAS_APPROVAL_TIMEOUT": "soon"}, "IAS_APPROVAL_TIMEOUT must be a number of seconds"),
+                ('model = ""\n', {}, "must be a non-empty string"),
+                ("[skills]\nallow_risk_downgrade = \"wol\"\n", {}, "must be a list of skill names"),
+                ("[skills]\nother = 1\n", {}, "accepts only allow_risk_downgrade"),
+                ("model = \n", {}, "ias.toml"),
+                ("", {"IAS_MODEL": "bad\udcff"}, "IAS_MODEL is not valid UTF-8")]:
+            with self.subTest(toml=toml, environ=environ), self.assertRaisesRegex(ConfigError, needle):
+                self.load(toml, **environ)
+
+    def test_an_explicit_file_that_is_missing_is_an_error(self):
+        with self.assertRaisesRegex(ConfigError, "cannot read config"):
+            load(self.file, {})
+        with self.assertRaisesRegex(ConfigError, "cannot read config"):
+            load(None, {"IAS_CONFIG": str(self.file)})
+
+
 if __name__ == "__main__":
     unittest.main()

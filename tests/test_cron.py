@@ -309,8 +309,6 @@ class ScheduleTest(unittest.TestCase):
         self.assertEqual((s.kind, s.text, s.anchor), ("cron", "0 8 * * *", None))
         self.assertEqual(s.next_after(WED), T(2026, 3, 5, 8))
         self.assertEqual(s.next_after(T(2026, 3, 5, 8)), T(2026, 3, 6, 8))
-        self.assertIsNone(s.at)
-        self.assertIsNone(s.interval)
         s = parse_schedule("@Daily")
         self.assertEqual((s.kind, s.text), ("cron", "@daily"))
         self.assertEqual(s.next_after(WED), T(2026, 3, 5))
@@ -331,11 +329,11 @@ class ScheduleTest(unittest.TestCase):
             with self.subTest(text=text):
                 s = parse_schedule(text)
                 self.assertEqual((s.kind, s.text), ("once", "2026-12-24 08:00"))
-                self.assertEqual(s.at, T(2026, 12, 24, 8))
-                self.assertIs(s.at.tzinfo, TZ)
+                self.assertEqual(s.next_after(WED), T(2026, 12, 24, 8))
+                self.assertIs(s.next_after(WED).tzinfo, TZ)
         s = parse_schedule("2026-12-24 08:00:30")
-        self.assertEqual((s.kind, s.text, s.at), ("once", "2026-12-24 08:00:30", T(2026, 12, 24, 8, 0, 30)))
-        self.assertEqual(parse_schedule("2026-12-24T08:00:00+00:00").at, T(2026, 12, 24, 16))
+        self.assertEqual((s.kind, s.text, s.next_after(WED)), ("once", "2026-12-24 08:00:30", T(2026, 12, 24, 8, 0, 30)))
+        self.assertEqual(parse_schedule("2026-12-24T08:00:00+00:00").next_after(WED), T(2026, 12, 24, 16))
 
     def test_once_next_after(self):
         s = parse_schedule("2026-12-24 08:00")
@@ -368,8 +366,7 @@ class ScheduleTest(unittest.TestCase):
             with self.subTest(text=text):
                 s = parse_schedule(text)
                 self.assertEqual((s.kind, s.text), ("every", normal))
-                self.assertEqual(s.interval, timedelta(seconds=seconds))
-                self.assertIsNone(s.at)
+                self.assertEqual(s.next_after(WED), WED + timedelta(seconds=seconds))
 
     def test_every_errors(self):
         for text, pattern in [("every 5s", "at least 10 seconds"), ("every 9 s", "at least 10 seconds"),

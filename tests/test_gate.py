@@ -12,9 +12,9 @@ from pathlib import Path
 from ias.approval import Approvals
 from ias.gate import NOT_SAVED, Gate, interrupted
 from ias.pgcluster import Cluster
-from ias.runner import Runner, identity
+from ias.runner import identity
 from ias.store import Store
-from tests.support import FIXTURES, REPO, FakeOwner, GateTestCase
+from tests.support import FIXTURES, FakeOwner, GateTestCase
 from tests.test_runner import running
 
 
@@ -73,11 +73,9 @@ class FinishTest(GateTestCase):
         store = await Store.open(cluster.start())
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
-        approvals = Approvals(store, self.key, 10)
-        gate = Gate(self.registry, Runner(repo_root=REPO, run_dir=self.tmp / "runs2", environ=self.runner_environ()),
-                    store, approvals)
+        other = self.build(store=store)
         owner = FakeOwner()
-        call, _, wake = await self.approved_nap(gate, approvals, owner)
+        call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
         os.kill(int((root / "pg" / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
         wake.touch()
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})

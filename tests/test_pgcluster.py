@@ -74,7 +74,9 @@ class ClusterTestCase(unittest.TestCase):
                 pass
         cluster = Cluster(self.datadir)
         if cluster.running():
-            cluster._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "immediate", "-w", check=False)
+            # pg_ctl as the data directory's owner (never root), as the cluster itself runs it
+            subprocess.run([str(find_bindir() / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", "immediate", "-w"],
+                           cwd="/", user=self.datadir.stat().st_uid, capture_output=True, timeout=60)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def spawn(self, script: str, arg: Path) -> subprocess.Popen:

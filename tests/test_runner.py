@@ -21,6 +21,7 @@ from ias import runner as runner_module
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
 from ias.runner import Runner, RunResult
 from ias.skills import Skill
+from tests.support import until
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
@@ -286,7 +287,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.1)   # SIGKILL delivered; the child watcher reaps bash
+        await until(lambda: not live_in_group(int(pgid)))     # SIGKILL delivered; the child watcher reaps bash
         self.assertEqual(live_in_group(int(pgid)), [])
         self.assertFalse(running(int(child)))
         self.assertFalse(os.path.exists(home))

@@ -6,10 +6,8 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 
-from ias.agent import Agent
 from ias.cron import TZ
 from ias.llm import LLM
-from ias.router import Router
 from ias.scheduler import Scheduler, TaskError, add_task, set_enabled, update_task
 from ias.store import Store
 from tests.servers.llm import LLMServer, calls, text
@@ -58,7 +56,7 @@ class SchedulerTest(StoreTestCase):
         self.assertEqual(await self.tick(T0.replace(hour=8, minute=0, second=30)), 0)
         self.assertEqual(self.recorder.ran, [(task.id, "起床啦")])
         self.assertEqual((await self.store.task(task.id)).next_run_at, T0.replace(day=3, hour=8))
-        [run] = await self.store.task_runs(task.id)
+        [run] = self.task_runs(task.id)
         self.assertEqual((run.status, run.reply, run.slot), ("ok", "起床啦", T0.replace(hour=8)))
         self.assertEqual(await self.tick(T0.replace(day=3, hour=8, minute=1)), 1)
 
@@ -83,7 +81,7 @@ class SchedulerTest(StoreTestCase):
                 await asyncio.gather(*runs[0], *runs[1])
             self.assertEqual(len(self.recorder.ran), 5 * 10)
             for task in tasks:
-                slots = [r.slot for r in await self.store.task_runs(task.id, limit=100)]
+                slots = [r.slot for r in self.task_runs(task.id)]
                 self.assertEqual(len(slots), len(set(slots)), slots)
         finally:
             await other_store.close()
@@ -133,7 +131,7 @@ class SchedulerTest(StoreTestCase):
         task = await add_task(self.store, "owner", "t", "0 8 * * *", "reminder", "x", now=T0)
         self.assertEqual(await self.tick(T0.replace(hour=8), scheduler), 1)
         self.assertEqual(await self.tick(T0.replace(hour=8, minute=5), scheduler), 0)
-        [run] = await self.store.task_runs(task.id)
+        [run] = self.task_runs(task.id)
         self.assertEqual((run.status, run.error), ("error", "channel down"))
 
     async def test_real_loop_sleeps_until_due_and_wakes_on_change(self):
@@ -158,16 +156,12 @@ class TaskThroughAgentTest(GateTestCase):
 
     system_skills = REPO / "resources" / "skills"
 
-    def runner_environ(self) -> dict[str, str]:
-        return {**super().runner_environ(), "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent"}
-
     async def asyncSetUp(self):
         await super().asyncSetUp()
         self.server = LLMServer().__enter__()
         self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01,))
         self.channel = FakeChannel()
-        self.router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm),
-                             {"fake": self.channel})
+        self.use(self.build(llm=self.llm, channels=[self.channel], primary=self.channel))
 
     async def asyncTearDown(self):
         await self.llm.close()
@@ -181,7 +175,7 @@ class TaskThroughAgentTest(GateTestCase):
         await asyncio.gather(*await scheduler.tick())
         self.assertEqual(self.channel.sent, [("owner", "早上好！今天是星期三。")])
         self.assertIn("告诉我今天星期几", self.server.requests[0]["messages"][-1]["content"])
-        [run] = await self.store.task_runs(task.id)
+        [run] = self.task_runs(task.id)
         self.assertEqual((run.status, run.reply), ("ok", "早上好！今天是星期三。"))
 
     async def test_model_lists_and_adds_a_task_after_approval_and_it_fires(self):
@@ -213,7 +207,7 @@ class TaskThroughAgentTest(GateTestCase):
 
     async def test_high_skill_in_a_task_ends_unconfirmed_when_the_code_cannot_be_sent(self):
         refusing = FakeChannel(deliver=False)          # e.g. outside WeChat's 24-hour window
-        router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm), {"fake": refusing})
+        router = self.build(llm=self.llm, channels=[refusing], primary=refusing).router
         self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没能确认。"))
         task = await add_task(self.store, "owner", "t", "0 8 * * *", "prompt", "标记", now=T0)
         scheduler = Scheduler(self.store, router.run_task, now=lambda: T0.replace(hour=8))
@@ -221,7 +215,7 @@ class TaskThroughAgentTest(GateTestCase):
         self.assertEqual(json.loads(self.server.requests[1]["messages"][-1]["content"]),
                          {"success": False, "error": "用户没有确认操作：mark_high"})
         self.assertEqual(self.runs(), 0)
-        [run] = await self.store.task_runs(task.id)
+        [run] = self.task_runs(task.id)
         self.assertEqual(run.status, "error")              # the reply could not be delivered either
 
     async def test_task_skill_errors_are_clear(self):

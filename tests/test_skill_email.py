@@ -477,10 +477,10 @@ class TLSTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
 
 class EmailGateTest(SkillsTestCase):
     """Through the real approval gate: validation, the owner's code, then the run."""
-    def gate_with(self, environ: dict[str, str]) -> Gate:
-        """`self.gate`, but its runner also has `environ` (for the mail servers each test starts)."""
-        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={**self.runner_environ(), **environ})
-        return Gate(self.registry, runner, self.store, self.approvals)
+    def gate_with(self, environ: dict[str, str], **options) -> Gate:
+        """A new app's gate (the test's from now on) whose runner also has `environ` (for the mail servers
+        each test starts); `options` go to build."""
+        return self.use(self.build(environ={**self.runner_environ(), **environ}, **options)).gate
 
     async def test_send_after_approval(self):
         params = {"action": "send", "to": "boss@example.org", "subject": "请假：王堃", "body": "明天请假一天。"}
@@ -514,14 +514,14 @@ class EmailGateTest(SkillsTestCase):
         self.assertEqual(imap.violations, [])
 
     async def test_a_long_body_reaches_the_model_as_json_with_attachments(self):
-        from ias.agent import Agent
         from ias.llm import LLM
         from tests.servers.llm import LLMServer, calls, text
         with IMAPServer() as imap, LLMServer() as model:
             uid = imap.add(raw_8bit_attachment_message("发票.pdf", "gbk", body="😀" * 20000))
             llm = LLM("sk-test", model.base_url, "test-model", retry_delays=(0.01,))
             self.addAsyncCleanup(llm.close)
-            agent = Agent(self.registry, self.gate_with(imap_env(imap)), self.store, llm)
+            self.gate_with(imap_env(imap), llm=llm)
+            agent = self.agent
             model.script(calls(("email", {"action": "read", "uid": uid})), text("读完了。"))
             turn = asyncio.create_task(agent.turn("owner", "读一下那封信", self.owner.notify))
             await self.approvals.redeem("owner", await self.owner.code())

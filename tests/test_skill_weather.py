@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import unittest
 
-from ias.gate import Gate
-from ias.runner import Runner
 from tests.servers import closed_port
 from tests.servers.qweather import KEY, QWeatherServer
 from tests.support import REPO, SkillsTestCase, load_script
@@ -35,8 +33,7 @@ class WeatherCase(SkillsTestCase):
     async def call(self, name: str, params, **env: str | None) -> dict:
         gate = self.gate
         if env:
-            runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ=self.runner_environ(**env))
-            gate = Gate(self.registry, runner, self.store, self.approvals)
+            gate = self.build(environ=self.runner_environ(**env)).gate
         return await gate.call("owner", name, params)
 
 

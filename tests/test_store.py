@@ -140,7 +140,7 @@ class WritePathsTest(StoreTestCase):
             self.assertEqual((task.name, task.text), (good + "2", good * 2))
             run_id = await self.store.claim_slot(task.id, now, now + timedelta(hours=1))
             await self.store.finish_run(run_id, "error", reply=bad, error=bad)
-            [run] = await self.store.task_runs(task.id)
+            [run] = self.task_runs(task.id)
             self.assertEqual((run.status, run.reply, run.error), ("error", good, good))
 
     async def test_approval_params_and_result(self):

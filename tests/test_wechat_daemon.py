@@ -10,22 +10,12 @@ import time
 import unittest
 from pathlib import Path
 
-from ias.agent import Agent
 from ias.channels.wechat import WeChatChannel
 from ias.ilink import Credentials
 from ias.llm import LLM
-from ias.router import Router
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
-
-
-async def until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        await asyncio.sleep(0.02)
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
 
 
 class WeChatTurnTest(GateTestCase):
@@ -36,8 +26,7 @@ class WeChatTurnTest(GateTestCase):
         self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
         self.channel = WeChatChannel(self.store, Credentials(self.ilink.token, self.ilink.base_url, self.ilink.bot_id,
                                                              self.ilink.owner), retry_delay=0.05, backoff_delay=0.1)
-        self.router = Router(self.approvals, Agent(self.registry, self.gate, self.store, self.llm),
-                             {"wechat": self.channel})
+        self.use(self.build(llm=self.llm, channels=[self.channel], primary=self.channel))
         await self.channel.start(self.router.deliver)
 
     async def asyncTearDown(self):
@@ -69,8 +58,7 @@ class WeChatTurnTest(GateTestCase):
     async def test_other_users_are_not_served(self):
         self.ilink.message("你好", sender="stranger@im.wechat")
         self.ilink.message("/help")
-        await until(lambda: self.ilink.sent)
-        await asyncio.sleep(0.3)
+        await until(lambda: self.ilink.sent)     # the stranger's message came first: already dropped by then
         self.assertEqual([m["to_user_id"] for m in self.ilink.sent], [self.ilink.owner])
         self.assertEqual(self.llm_server.requests, [])
 
@@ -139,8 +127,7 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         self.ilink.redeliver(handled)              # the service sends the same message again
         self.ilink.message("/skills")
         second = self.daemon()
-        self.wait_sent(2)
-        time.sleep(0.5)
+        self.wait_sent(2)       # the duplicate came before /skills in the stream: it was judged by then
         self.stop(second)
         texts = [m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent]
         self.assertEqual(len(texts), 2, texts)

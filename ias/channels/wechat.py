@@ -124,6 +124,11 @@ class WeChatChannel(Channel):
         if self._poller is not None:
             await asyncio.shield(self._poller)      # a crash of the long poll stops the daemon
 
+    @property
+    def polling(self) -> bool:
+        """Whether the long poll runs (not before start, after stop, or once the session is stale)."""
+        return self._poller is not None and not self._poller.done()
+
     async def stop(self) -> None:
         tasks = [task for task in (self._poller, *self._notes) if task is not None and not task.done()]
         for task in tasks:
