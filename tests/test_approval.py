@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from ias import approval
-from ias.approval import TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
+from ias.approval import Approvals, TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent

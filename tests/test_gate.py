@@ -14,7 +14,7 @@ from ias.gate import NOT_SAVED, Gate, interrupted
 from ias.pgcluster import Cluster
 from ias.runner import identity
 from ias.store import Store
-from tests.support import FIXTURES, FakeOwner, GateTestCase
+from tests.support import FIXTURES, FakeOwner, GateTestCase, until
 from tests.test_runner import running
 
 
@@ -48,7 +48,7 @@ class FinishTest(GateTestCase):
         with self.assertRaises(asyncio.CancelledError):
             await call
         self.assertTrue(await self.gate.drain(5))
-        self.assertFalse(running(bash))
+        await until(lambda: not running(bash), 5)      # SIGKILL was sent; its delivery takes a moment
         (started, _, tag), (finished, decision, tag2) = self.finish_rows()
         self.assertEqual((started, finished, decision, tag2), ("skill_started", "skill_finished", "cancelled", tag))
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], interrupted("nap_high"))
