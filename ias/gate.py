@@ -19,7 +19,6 @@ import logging
 import re
 import time
 import uuid
-from typing import Callable
 
 from . import results, schema
 from .approval import Approvals, Notify, TurnBudget
@@ -40,7 +39,6 @@ class Gate:
         self.runner = runner
         self.store = store
         self.approvals = approvals
-        self._validators: dict[str, Callable[[object], list[str]]] = {}   # compiled once per skill
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
 
@@ -60,10 +58,7 @@ class Gate:
         if arguments is None:
             arguments = {}
         params = schema.apply_defaults(arguments, skill.parameters)
-        validator = self._validators.get(name)
-        if validator is None:
-            validator = self._validators[name] = schema.compile(skill.parameters)
-        errors = validator(params)
+        errors = skill.validator(params)
         if errors:
             return await self._invalid(user_id, skill, params, errors)
 

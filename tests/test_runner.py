@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
-from ias import results, runner as runner_module
+from ias import results, runner as runner_module, schema
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
 from ias.runner import Runner, RunResult
 from ias.skills import Skill
@@ -34,7 +34,8 @@ def fixture_skill(name: str, *, timeout: float = 10.0, env: tuple[str, ...] = ()
     text = (directory / "SKILL.md").read_text(encoding="utf-8")
     execute = re.search(r"^## Execute\n```bash\n(.*?)^```", text, re.M | re.S).group(1)
     return Skill(name=name, title=name, description="", risk="low", parameters={"type": "object"},
-                 execute=execute, timeout=timeout, env=env, directory=directory)
+                 execute=execute, timeout=timeout, env=env, directory=directory,
+                 validator=schema.compile({"type": "object"}))
 
 
 def live_in_group(pgid: int) -> list[int]:
