@@ -21,6 +21,7 @@ The string and number keywords are compiled by scalars.py, where a string longer
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from .jsonvalues import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, plural, render,
@@ -193,19 +194,7 @@ def _compile_one(schema: Any, memo: dict[int, _Meta]) -> _Meta:
     if "type" not in schema:
         return _Meta(_mk_untyped(_parts(schema, memo), tail), None, False)
 
-    int_floats = "integer" in names and "number" not in names
-    kinds = frozenset(names) | ({"integer"} if "number" in names else frozenset())
-    expected = " or ".join(names)
-    fast = frozenset(t for k in kinds for t in _PY_TYPES[k])
-
-    def type_ok(x, path, seg, errors):
-        """Slow path for subclasses and integral floats: report and return False on a mismatch."""
-        k = KIND.get(type(x)) or kind(x)
-        if k in kinds or (int_floats and k == "number" and x.is_integer()):
-            return True
-        errors.append(f"{path}{seg}: expected {expected}, got {k}")
-        return False
-
+    kinds, int_floats, fast, type_ok = _type_check(tuple(names))
     if len(families) == 1:
         (family,) = families
         own = _FAMILY_KEYWORDS.get(family)
@@ -220,6 +209,26 @@ def _compile_one(schema: Any, memo: dict[int, _Meta]) -> _Meta:
     else:
         node = _mk_dispatch(_parts(schema, memo), fast, type_ok, tail)
     return _Meta(node, kinds, int_floats)
+
+
+@functools.lru_cache(maxsize=256)
+def _type_check(names: tuple[str, ...]) -> tuple[frozenset, bool, frozenset, Callable]:
+    """For a `type` keyword: the JSON types it accepts, whether integral floats count, the Python
+    types that pass at once, and the slow-path check. Shared by every schema with that `type`:
+    1,000 loaded skills keep one of each instead of a closure per property."""
+    int_floats = "integer" in names and "number" not in names
+    kinds = frozenset(names) | ({"integer"} if "number" in names else frozenset())
+    expected = " or ".join(names)
+    fast = frozenset(t for k in kinds for t in _PY_TYPES[k])
+
+    def type_ok(x, path, seg, errors):
+        """Slow path for subclasses and integral floats: report and return False on a mismatch."""
+        k = KIND.get(type(x)) or kind(x)
+        if k in kinds or (int_floats and k == "number" and x.is_integer()):
+            return True
+        errors.append(f"{path}{seg}: expected {expected}, got {k}")
+        return False
+    return kinds, int_floats, fast, type_ok
 
 
 def _parts(schema: dict, memo: dict[int, _Meta]) -> dict[str, Node]:
