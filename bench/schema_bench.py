@@ -8,6 +8,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ias import schema as ias_schema  # noqa: E402
+from ias.patterns import pattern_input_max  # noqa: E402
 
 # (schema, instances): realistic skill parameters, valid and invalid instances mixed.
 CASES = [
@@ -150,7 +151,7 @@ def worst_pattern(random_patterns: int = 400, seed: int = 7) -> dict:
             continue
         worst["accepted"] += 1
         validator = ias_schema.compile(schema)
-        limit = ias_schema.pattern_input_max(pattern)
+        limit = pattern_input_max(pattern)
         for unit in _UNITS:
             for size in (limit, 100_000):
                 for tail in ("!", "\n", ""):
@@ -196,7 +197,7 @@ def main() -> dict:
     print(f"validator: {result['validator']:,.0f} validations/s; "
           f"jsonschema {result['jsonschema']:,.0f}/s; "
           f"ratio {result['ratio']:.1f}x (target >= 10x)")
-    print(f"validate(): {result['validate']:,.0f} validations/s (cached compile); "
+    print(f"validate(): {result['validate']:,.0f} validations/s (checks and compiles every call); "
           f"ratio {result['ratio_validate']:.1f}x")
     return result
 

@@ -11,9 +11,10 @@ import logging
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
+from . import results
 from .approval import Notify, TurnBudget
 from .gate import Gate
-from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, TOOL_RESULT_MAX
+from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW
 from .skills import Registry
 from .store import Store
 
@@ -107,7 +108,7 @@ class Agent:
                     break
                 for call in answer.tool_calls:
                     result = await self.gate.call(user_id, call.name, call.arguments, notify, turn)
-                    content = tool_content(result)
+                    content = results.for_history(result)
                     new.append({"role": "tool", "tool_call_id": call.id, "content": content})
             else:
                 new.append({"role": "assistant", "content": reply})
@@ -117,28 +118,6 @@ class Agent:
             new.append({"role": "assistant", "content": reply})
         await self.store.append_messages(user_id, new)
         return reply
-
-
-def tool_content(result: dict, limit: int = TOOL_RESULT_MAX) -> str:
-    """A tool result as the model reads it: JSON of at most `limit` characters that stays JSON.
-
-    The longest strings are cut (and `truncated` set) rather than the text, so fields such as an
-    e-mail's `attachments` or `body_truncated` survive a long body.
-    """
-    content = json.dumps(result, ensure_ascii=False)
-    if len(content) <= limit:
-        return content
-    shrunk = {**result, "truncated": True}
-    strings = sorted((k for k, v in shrunk.items() if isinstance(v, str)), key=lambda k: -len(shrunk[k]))
-    for key in strings:
-        excess = len(json.dumps(shrunk, ensure_ascii=False)) - limit
-        if excess <= 0:
-            break
-        shrunk[key] = shrunk[key][:max(0, len(shrunk[key]) - excess - 1)] + "…"
-    content = json.dumps(shrunk, ensure_ascii=False)
-    if len(content) > limit:            # the bulk is in nested values: cut the text after all
-        content = content[:limit] + "…(truncated)"
-    return content
 
 
 def tool_spec(skill) -> dict:

@@ -1,8 +1,8 @@
 """The gate every skill call passes, from the LLM, `/run` or `ias run`: validate, approve, run, audit.
 
-The LLM-visible results are fixed strings (SPEC §5–6): the model learns whether a call ran and
-what it returned, never how the owner was asked. Fail closed: when the audit row cannot be
-written, nothing runs.
+What the model sees is made by results.py (SPEC §5–6) from the facts gathered here: the model
+learns whether a call ran and what it returned, never how the owner was asked. Fail closed:
+when the audit row cannot be written, nothing runs.
 
 Once a skill has started, its end is always recorded: the `skill_finished` row and an approved
 call's result are written by a task of their own, which neither a cancelled turn nor a
@@ -19,9 +19,8 @@ import logging
 import re
 import time
 import uuid
-from typing import Callable
 
-from . import schema
+from . import results, schema
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .errors import StoreError
@@ -32,17 +31,6 @@ from .store import AuditEntry, Store
 log = logging.getLogger(__name__)
 
 
-def rejected(name: str) -> dict:
-    return {"success": False, "error": f"用户拒绝了你的调用：{name}"}
-
-
-def unconfirmed(name: str) -> dict:
-    return {"success": False, "error": f"用户没有确认操作：{name}"}
-
-
-NOT_ASKED = {"too_long": "参数过长，无法请求确认：{}", "too_many": "本轮待确认操作过多，未请求确认：{}"}
-
-
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
@@ -51,7 +39,6 @@ class Gate:
         self.runner = runner
         self.store = store
         self.approvals = approvals
-        self._validators: dict[str, Callable[[object], list[str]]] = {}   # compiled once per skill
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
 
@@ -62,19 +49,16 @@ class Gate:
         skill = self.registry.get(name)
         if skill is None:
             await self.store.audit(AuditEntry("skill_unknown", user_id=user_id, skill_name=str(name)[:200]))
-            return {"success": False, "error": f"未知技能：{name}"}
+            return results.unknown_skill(name)
         if isinstance(arguments, str):
             try:
                 arguments = schema.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as exc:
-                return await self._invalid(user_id, skill, None, [f"$: arguments are not valid JSON ({exc.msg})"])
+                return await self._invalid(user_id, skill, None, [results.not_json(exc.msg)])
         if arguments is None:
             arguments = {}
         params = schema.apply_defaults(arguments, skill.parameters)
-        validator = self._validators.get(name)
-        if validator is None:
-            validator = self._validators[name] = schema.compile(skill.parameters)
-        errors = validator(params)
+        errors = skill.validator(params)
         if errors:
             return await self._invalid(user_id, skill, params, errors)
 
@@ -82,12 +66,8 @@ class Gate:
         decision = "auto"
         if skill.high:
             outcome = await self.approvals.request(user_id, skill, params, notify, turn)
-            if outcome.status in NOT_ASKED:
-                return {"success": False, "error": NOT_ASKED[outcome.status].format(name)}
-            if outcome.status == "rejected":
-                return rejected(name)
             if outcome.status != "approved":
-                return unconfirmed(name)
+                return results.refused(outcome.status, name)
             params = outcome.approval.params        # exactly what the owner saw and confirmed
             approval_id = outcome.approval.id
             decision = "approved"
@@ -104,9 +84,9 @@ class Gate:
                 result = await self.runner.run(skill, params)
             except asyncio.CancelledError:       # the runner killed the group; record that it ended
                 finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, None,
-                                         interrupted(name), notify)
+                                         results.interrupted(name), notify)
                 raise
-            llm = result.to_llm()
+            llm = results.of_run(result)
             finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, result, llm, notify)
             await asyncio.shield(finishing)
             return llm
@@ -142,7 +122,7 @@ class Gate:
                 "skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk, approval_id=approval_id,
                 decision="timeout" if result.timed_out else decision, exit_code=result.exit_code,
                 duration_ms=int((time.monotonic() - started) * 1000), output_size=result.output_size,
-                truncated=result.truncated or result.overflowed, detail=tag)
+                truncated=results.truncated(result), detail=tag)
         saved = True
         try:
             await self.store.audit(entry)
@@ -188,7 +168,7 @@ class Gate:
                 "skill_interrupted", user_id=row.user_id, skill_name=row.skill_name, risk=row.risk,
                 approval_id=row.approval_id, decision="interrupted", detail=row.detail))
             if row.approval_id is not None:
-                await self.store.record_result(row.approval_id, interrupted(row.skill_name or ""))
+                await self.store.record_result(row.approval_id, results.interrupted(row.skill_name or ""))
             count += 1
         return count
 
@@ -196,14 +176,10 @@ class Gate:
         await self.store.audit(AuditEntry("skill_invalid", user_id=user_id, skill_name=skill.name,
                                           params=redact(params) if isinstance(params, dict) else None,
                                           risk=skill.risk, decision="invalid", detail="；".join(errors)[:2000]))
-        return {"success": False, "error": "参数错误：" + "；".join(errors)}
+        return results.invalid(errors)
 
 
-# -- the end of a run: what an interrupted call reports, and the tag matching its audit rows --
-
-def interrupted(name: str) -> dict:
-    return {"success": False, "error": f"技能执行被中断：{name}"}
-
+# -- the end of a run: what the owner hears when it was not saved, and the tag matching its audit rows --
 
 NOT_SAVED = "操作已执行，但结果未能保存：{name}"
 _CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")

@@ -1,4 +1,4 @@
-"""Run a skill's bash script in its own process group and turn what it did into a result.
+"""Run a skill's bash script in its own process group and report what it did (facts, see results.py).
 
 This is the only module that spawns skill processes. A run is `bash -c <Execute>`
 spawned with an argument list (never a shell string built from parameters), in the
@@ -70,12 +70,10 @@ from .limits import (
     DRAIN_TIMEOUT,
     ENV_TOTAL_MAX,
     ENV_VALUE_MAX,
-    ERROR_TAIL,
     KILL_GRACE,
     KILL_POLL,
     OUTPUT_HELD_MAX,
     STDERR_HELD_MAX,
-    STDOUT_TO_LLM,
 )
 from .skills import RESERVED_ENV, Skill
 
@@ -127,7 +125,8 @@ def _pdeathsig() -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What one run did: exit status, held output and why it ended."""
+    """What one run did: exit status, held output and why it ended — facts only; `results.of_run`
+    turns them into what the model sees."""
     skill: str
     exit_code: int | None        # negative = killed by that signal
     stdout: str                  # held stdout, at most OUTPUT_HELD_MAX bytes before decoding
@@ -138,34 +137,6 @@ class RunResult:
     duration: float              # seconds from spawn to the end of the run
     output_size: int             # stdout bytes seen, held or not
     started_at: float            # time.monotonic() right after the spawn
-
-    @property
-    def truncated(self) -> bool:
-        """More stdout was produced than the model may see."""
-        return self.output_size > STDOUT_TO_LLM
-
-    def to_llm(self) -> dict:
-        """The result the model sees, as described in SPEC.md section 5."""
-        if self.timed_out:
-            return {"success": False, "error": f"技能执行超时（{_seconds(self.timeout)}s）：{self.skill}"}
-        if self.overflowed:
-            return {"success": False, "error": f"技能输出超过上限（{_size(OUTPUT_HELD_MAX)}），已终止：{self.skill}",
-                    "truncated": True}
-        if self.exit_code != 0:
-            error = _tail(self.stderr) or _tail(self.stdout) or f"技能执行失败（退出码 {self.exit_code}）：{self.skill}"
-            return {"success": False, "error": error, "exit_code": self.exit_code}
-        if not self.truncated:
-            try:
-                parsed = json.loads(self.stdout)
-            except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
-                parsed = None
-            if isinstance(parsed, dict) and "success" in parsed:
-                return parsed
-        output, cut = _cut_utf8(self.stdout, STDOUT_TO_LLM)
-        result = {"success": True, "output": output}
-        if cut or self.truncated:
-            result["truncated"] = True
-        return result
 
 
 @dataclass(slots=True, eq=False)
@@ -553,31 +524,6 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return str(exc)
-
-
-def _seconds(value: float) -> str:
-    """30.0 -> '30', 2.5 -> '2.5'."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _size(n: int) -> str:
-    """1048576 -> '1 MiB'."""
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def _tail(text: str) -> str:
-    return text.strip()[-ERROR_TAIL:].strip()
-
-
-def _cut_utf8(text: str, limit: int) -> tuple[str, bool]:
-    """At most `limit` UTF-8 bytes of `text`, cut on a character boundary; and whether it was cut."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text, False
-    return data[:limit].decode("utf-8", "ignore"), True
 
 
 def _lstrip_partial(tail: bytes) -> bytes:

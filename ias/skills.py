@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import SkillError
@@ -25,6 +26,7 @@ class Skill:
     timeout: float                # seconds
     env: tuple[str, ...]          # names passed through from the daemon's environment
     directory: Path
+    validator: Callable[[object], list[str]] = field(repr=False, compare=False)   # compiled `parameters`
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
@@ -193,6 +195,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
             problems.append(f"{where}:{line}: unknown risk level '{_clip(value)}' (expected Low or High)")
 
     parameters: dict = {}
+    validator = None
     parameters_line = 1
     if "parameters" in sections:
         block = _one_block(sections["parameters"], ("json",), problems, where)
@@ -205,7 +208,10 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                 if not isinstance(parameters, dict) or parameters.get("type") != "object":
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
-                    problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in schema.check(parameters))
+                    try:
+                        validator = schema.compile(parameters)      # once per load; the gate uses it per call
+                    except schema.SchemaError as exc:
+                        problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
 
     execute = ""
@@ -246,7 +252,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
-                 directory=directory.resolve(), source=source, parameters_line=parameters_line)
+                 directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line)
 
 
 def load_skill(directory: Path, source: str = "user") -> Skill:

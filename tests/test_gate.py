@@ -10,8 +10,9 @@ import uuid
 from pathlib import Path
 
 from ias.approval import Approvals
-from ias.gate import NOT_SAVED, Gate, interrupted
+from ias.gate import NOT_SAVED, Gate
 from ias.pgcluster import Cluster
+from ias.results import interrupted
 from ias.runner import identity
 from ias.store import Store
 from tests.support import FIXTURES, FakeOwner, GateTestCase, until

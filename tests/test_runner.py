@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
-from ias import runner as runner_module
+from ias import results, runner as runner_module, schema
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
 from ias.runner import Runner, RunResult
 from ias.skills import Skill
@@ -35,7 +35,8 @@ def fixture_skill(name: str, *, timeout: float = 10.0, env: tuple[str, ...] = ()
     text = (directory / "SKILL.md").read_text(encoding="utf-8")
     execute = re.search(r"^## Execute\n```bash\n(.*?)^```", text, re.M | re.S).group(1)
     return Skill(name=name, title=name, description="", risk="low", parameters={"type": "object"},
-                 execute=execute, timeout=timeout, env=env, directory=directory)
+                 execute=execute, timeout=timeout, env=env, directory=directory,
+                 validator=schema.compile({"type": "object"}))
 
 
 def live_in_group(pgid: int) -> list[int]:
@@ -107,7 +108,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
                   "nothing": None, "obj": {"a": [1, "é"]}, "list": [1, 2], "weird-key.x": "v", "ünï": "u"}
         result = await self.runner.run(fixture_skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
-        self.assertEqual(result.to_llm(), {"success": True, "echoed": True})
+        self.assertEqual(results.of_run(result), {"success": True, "echoed": True})
         text = json.dumps(params, ensure_ascii=False).encode()
         self.assertEqual(self.echoed("stdin"), text)
         self.assertEqual(self.echoed_params(), {
@@ -246,7 +247,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertLess(elapsed, 1 + GRACE + 1.0)
         self.assertEqual(result.exit_code, -signal.SIGKILL)   # bash ignores SIGTERM too
         self.assertEqual(result.timeout, 1.0)
-        self.assertEqual(result.to_llm(), {"success": False, "error": "技能执行超时（1s）：sleeper"})
+        self.assertEqual(results.of_run(result), {"success": False, "error": "技能执行超时（1s）：sleeper"})
         pgid, child, home = pidfile.read_text().split()
         self.assertEqual(live_in_group(int(pgid)), [])
         self.assertFalse(running(int(child)), "the background sleep survived")
@@ -258,7 +259,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         result = await self.runner.run(skill, {"pidfile": str(self.tmp / "pids"), "ignore_term": False})
         self.assertTrue(result.timed_out)
         self.assertEqual(result.exit_code, -signal.SIGTERM)
-        self.assertEqual(result.to_llm()["error"], "技能执行超时（0.5s）：sleeper")
+        self.assertEqual(results.of_run(result)["error"], "技能执行超时（0.5s）：sleeper")
 
     async def test_kill_all_ends_every_run(self):
         files = [self.tmp / "a", self.tmp / "b"]
@@ -274,7 +275,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         stubborn, polite = [task.result() for task in tasks]
         self.assertEqual((stubborn.exit_code, polite.exit_code), (-signal.SIGKILL, -signal.SIGTERM))
         self.assertFalse(stubborn.timed_out or polite.timed_out)
-        self.assertEqual(polite.to_llm()["exit_code"], -signal.SIGTERM)
+        self.assertEqual(results.of_run(polite)["exit_code"], -signal.SIGTERM)
         for pgid, child, _home in pids:
             self.assertEqual(live_in_group(int(pgid)), [])
             self.assertFalse(running(int(child)))
@@ -330,7 +331,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(len(result.stdout.encode()), OUTPUT_HELD_MAX)
         self.assertGreater(result.output_size, OUTPUT_HELD_MAX)
         self.assertLess(result.output_size, 50_000_000)
-        self.assertEqual(result.to_llm(), {"success": False, "error": "技能输出超过上限（1 MiB），已终止：flood",
+        self.assertEqual(results.of_run(result), {"success": False, "error": "技能输出超过上限（1 MiB），已终止：flood",
                                            "truncated": True})
         self.assertEqual(live_in_group(int(result.stderr.split()[0])), [])
         self.assertLess(growth, 10 * 1024 * 1024, f"peak RSS grew by {growth} bytes")
@@ -341,9 +342,9 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.output_size, 2 + 99_999)
         self.assertEqual(result.stdout, "ab" + "汉" * 33_333)
-        self.assertTrue(result.truncated)
+        self.assertTrue(results.truncated(result))
         self.assertFalse(result.overflowed)
-        llm = result.to_llm()
+        llm = results.of_run(result)
         self.assertEqual(llm, {"success": True, "output": "ab" + "汉" * ((STDOUT_TO_LLM - 2) // 3), "truncated": True})
         self.assertLessEqual(len(llm["output"].encode()), STDOUT_TO_LLM)
 
@@ -357,10 +358,10 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
             "fail_long": {"success": False, "error": "e" * ERROR_TAIL, "exit_code": 5},
             "fail_silent": {"success": False, "error": "技能执行失败（退出码 6）：outputs", "exit_code": 6},
         }
-        results = await asyncio.gather(*(self.runner.run(fixture_skill("outputs"), {"mode": m}) for m in cases))
-        for (mode, expected), result in zip(cases.items(), results):
+        runs = await asyncio.gather(*(self.runner.run(fixture_skill("outputs"), {"mode": m}) for m in cases))
+        for (mode, expected), result in zip(cases.items(), runs):
             with self.subTest(mode=mode):
-                self.assertEqual(result.to_llm(), expected)
+                self.assertEqual(results.of_run(result), expected)
                 self.assertFalse(result.timed_out or result.overflowed)
 
     async def test_stderr_keeps_its_tail(self):
@@ -369,17 +370,17 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         result = await self.runner.run(skill, {})
         self.assertEqual(len(result.stderr), 64 * 1024)
         self.assertTrue(result.stderr.endswith("aaaEND"))
-        self.assertEqual(result.to_llm()["error"], ("a" * ERROR_TAIL + "END")[-ERROR_TAIL:])
+        self.assertEqual(results.of_run(result)["error"], ("a" * ERROR_TAIL + "END")[-ERROR_TAIL:])
 
-    def test_to_llm_edge_cases(self):
+    def test_result_edge_cases(self):
         base = dict(skill="s", exit_code=0, stderr="", timed_out=False, overflowed=False, timeout=30.0,
                     duration=0.1, started_at=0.0)
         truncated_json = RunResult(stdout='{"success": true}', output_size=STDOUT_TO_LLM + 1, **base)
-        self.assertEqual(truncated_json.to_llm(), {"success": True, "output": '{"success": true}', "truncated": True})
+        self.assertEqual(results.of_run(truncated_json), {"success": True, "output": '{"success": true}', "truncated": True})
         not_object = RunResult(stdout='[{"success": true}]', output_size=19, **base)
-        self.assertEqual(not_object.to_llm(), {"success": True, "output": '[{"success": true}]'})
+        self.assertEqual(results.of_run(not_object), {"success": True, "output": '[{"success": true}]'})
         timed_out = RunResult(stdout="", output_size=0, **{**base, "timed_out": True, "timeout": 30})
-        self.assertEqual(timed_out.to_llm(), {"success": False, "error": "技能执行超时（30s）：s"})
+        self.assertEqual(results.of_run(timed_out), {"success": False, "error": "技能执行超时（30s）：s"})
 
     # Concurrency and failures
 
@@ -402,7 +403,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         result = await self.runner.run(fixture_skill("outputs"), {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertTrue(result.stderr.startswith("spawn failed: No such file or directory"), result.stderr)
-        self.assertEqual(result.to_llm(), {"success": False, "error": result.stderr, "exit_code": 127})
+        self.assertEqual(results.of_run(result), {"success": False, "error": result.stderr, "exit_code": 127})
         missing = replace(fixture_skill("outputs"), directory=self.tmp / "gone")
         result = await self.make_runner().run(missing, {"mode": "text"})
         self.assertEqual(result.exit_code, 127)

@@ -6,7 +6,8 @@ import unittest
 from enum import IntEnum
 
 from ias.limits import PATTERN_INPUT_MAX
-from ias.schema import SchemaError, apply_defaults, check, compile, loads, pattern_input_max, validate
+from ias.patterns import pattern_input_max
+from ias.schema import SchemaError, apply_defaults, check, compile, loads, validate
 
 WEATHER = {
     "type": "object",

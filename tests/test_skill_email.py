@@ -20,7 +20,7 @@ import unittest
 from email.message import EmailMessage
 from pathlib import Path
 
-from ias import schema
+from ias import results, schema
 from ias.gate import Gate
 from ias.runner import Runner
 from ias.skills import load_skill
@@ -134,7 +134,7 @@ class _SkillRun:
         result = await self.runner(environ).run(SKILL, params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.stderr, "")
-        llm = result.to_llm()
+        llm = results.of_run(result)
         self.assertNotIn("output", llm)          # one JSON object with `success`, passed through
         return llm
 
@@ -411,9 +411,9 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
             params = schema.apply_defaults({"action": "read", "uid": uid}, SKILL.parameters)
             run = await self.runner(imap_env(imap)).run(SKILL, params)
         self.assertEqual(run.exit_code, 0, run.stderr)
-        self.assertFalse(run.truncated)
+        self.assertFalse(results.truncated(run))
         self.assertLessEqual(run.output_size, 64 * 1024)
-        result = run.to_llm()                                  # the skill's own JSON, not a cut "output"
+        result = results.of_run(run)                           # the skill's own JSON, not a cut "output"
         self.assertTrue(result["success"], result)
         self.assertEqual(result["attachments"], ["清单.pdf"])
         self.assertIs(result["body_truncated"], True)

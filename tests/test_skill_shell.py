@@ -10,7 +10,7 @@ import time
 import unittest
 from pathlib import Path
 
-from ias import schema
+from ias import results, schema
 from ias.runner import Runner
 from ias.skills import load_skill
 from tests.support import REPO, SkillsTestCase
@@ -38,7 +38,7 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"], **environ})
         result = await runner.run(SKILL, params)
         self.assertEqual(result.exit_code, 0, result.stderr)
-        llm = result.to_llm()
+        llm = results.of_run(result)
         self.assertNotIn("output", llm)          # always one JSON object the runner passes through
         return llm
 

@@ -17,7 +17,7 @@ from ias.errors import SkillError
 from ias.limits import SKILL_FILE_MAX
 from ias.skills import load_registry, load_skill, parse_skill
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
 
 HOSTILE = FIXTURES / "hostile"
 # Every broken SKILL.md under tests/fixtures/hostile, with the line and message it must get.
@@ -272,15 +272,15 @@ class HostileParseTest(unittest.TestCase):
             for name in ("one", "two"):
                 (Path(tmp) / name).mkdir()
                 (Path(tmp) / name / "SKILL.md").write_text(GOOD, encoding="utf-8")
-            real_check = __import__("ias.schema", fromlist=["check"]).check
+            real_compile = __import__("ias.schema", fromlist=["compile"]).compile
 
-            def check(schema):       # the first skill's check fails as no check should
+            def compile(schema):       # the first skill's schema fails as no schema should
                 if not calls_seen:
                     calls_seen.append(schema)
                     raise MemoryError("out of memory")
-                return real_check(schema)
+                return real_compile(schema)
             calls_seen: list = []
-            with mock.patch("ias.schema.check", check):
+            with mock.patch("ias.schema.compile", compile):
                 reg = load_registry(None, Path(tmp))
         self.assertEqual([s.name for s in reg], ["two"])
         [problem] = reg.problems
@@ -352,6 +352,23 @@ class RegistryTest(unittest.TestCase):
 def ias(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=REPO, timeout=60)
+
+
+class CompiledAtLoadTest(GateTestCase):
+    """Each skill's validator is built once, when the registry loads: a call compiles nothing."""
+
+    async def test_the_gate_validates_with_the_validator_built_at_load(self):
+        skill = self.registry.get("echo_low")
+        self.assertEqual(skill.validator({"text": 1}), ["$.text: expected string, got integer"])
+        refuse = AssertionError("a schema was compiled during a call")
+        with mock.patch("ias.schema.compile", side_effect=refuse), mock.patch("ias.validator.build", side_effect=refuse):
+            self.assertEqual(await self.gate.call("owner", "echo_low", {"text": 1}),
+                             {"success": False, "error": "参数错误：$.text: expected string, got integer"})
+            self.assertEqual(await self.gate.call("owner", "echo_low", {}), {"success": True, "output": "hi"})
+
+    def test_a_skill_whose_schema_does_not_compile_is_not_loaded(self):
+        text = GOOD.replace('{"type": "string"}', '{"type": "string", "minLength": -1}')
+        self.assertEqual(problems(text), ["/skills/echo/SKILL.md:10: $.properties.text.minLength: must be a non-negative integer"])
 
 
 class CliTest(unittest.TestCase):

@@ -1,0 +1,128 @@
+"""What the model sees of a skill call: every result string and truncation rule of SPEC §5–6.
+
+Other modules return facts — the runner a `RunResult` (exit code, output, stderr tail, timed
+out, overflowed, sizes), the approval an outcome status, the validator a list of errors — and
+the gate turns them into the JSON object the model reads through the functions here. The agent
+keeps each result in the history cut to TOOL_RESULT_MAX characters by `for_history`.
+
+Nothing here mentions approvals or codes: a High call that did not run is "rejected" or "not
+confirmed", never "the code was wrong" or "the owner was asked".
+
+Not handled here: the errors inside `参数错误：…` (the validator's `path: message` lines) and
+a skill's own JSON result, which the model gets as the skill printed it.
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from .limits import ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_RESULT_MAX
+
+if TYPE_CHECKING:
+    from .runner import RunResult
+
+
+def of_run(run: RunResult) -> dict:
+    """The result of a run that ended, as SPEC §5 describes it."""
+    if run.timed_out:
+        return {"success": False, "error": f"技能执行超时（{_seconds(run.timeout)}s）：{run.skill}"}
+    if run.overflowed:
+        return {"success": False, "error": f"技能输出超过上限（{_size(OUTPUT_HELD_MAX)}），已终止：{run.skill}",
+                "truncated": True}
+    if run.exit_code != 0:
+        error = _tail(run.stderr) or _tail(run.stdout) or f"技能执行失败（退出码 {run.exit_code}）：{run.skill}"
+        return {"success": False, "error": error, "exit_code": run.exit_code}
+    if not truncated(run):
+        try:
+            parsed = json.loads(run.stdout)
+        except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
+            parsed = None
+        if isinstance(parsed, dict) and "success" in parsed:
+            return parsed
+    output, cut = _cut_utf8(run.stdout, STDOUT_TO_LLM)
+    result = {"success": True, "output": output}
+    if cut or truncated(run):
+        result["truncated"] = True
+    return result
+
+
+def truncated(run: RunResult) -> bool:
+    """Whether the run wrote more stdout than the model may see (the audit row's truncated flag)."""
+    return run.output_size > STDOUT_TO_LLM or run.overflowed
+
+
+def unknown_skill(name: str) -> dict:
+    return {"success": False, "error": f"未知技能：{name}"}
+
+
+def invalid(errors: list[str]) -> dict:
+    """Arguments that failed validation: nothing ran, no approval was asked."""
+    return {"success": False, "error": "参数错误：" + "；".join(errors)}
+
+
+def not_json(reason: str) -> str:
+    """The validation error for arguments that are no JSON text at all."""
+    return f"$: arguments are not valid JSON ({reason})"
+
+
+def refused(status: str, name: str) -> dict:
+    """A High call that did not run, by how its approval ended (any status but approved)."""
+    if status == "too_long":
+        return {"success": False, "error": f"参数过长，无法请求确认：{name}"}
+    if status == "too_many":
+        return {"success": False, "error": f"本轮待确认操作过多，未请求确认：{name}"}
+    if status == "rejected":
+        return {"success": False, "error": f"用户拒绝了你的调用：{name}"}
+    return {"success": False, "error": f"用户没有确认操作：{name}"}
+
+
+def interrupted(name: str) -> dict:
+    """A call whose run was cut short by shutdown or by the death of its process; never re-run."""
+    return {"success": False, "error": f"技能执行被中断：{name}"}
+
+
+def for_history(result: dict, limit: int = TOOL_RESULT_MAX) -> str:
+    """A tool result as the model reads it: JSON of at most `limit` characters that stays JSON.
+
+    The longest strings are cut (and `truncated` set) rather than the text, so fields such as an
+    e-mail's `attachments` or `body_truncated` survive a long body.
+    """
+    content = json.dumps(result, ensure_ascii=False)
+    if len(content) <= limit:
+        return content
+    shrunk = {**result, "truncated": True}
+    strings = sorted((k for k, v in shrunk.items() if isinstance(v, str)), key=lambda k: -len(shrunk[k]))
+    for key in strings:
+        excess = len(json.dumps(shrunk, ensure_ascii=False)) - limit
+        if excess <= 0:
+            break
+        shrunk[key] = shrunk[key][:max(0, len(shrunk[key]) - excess - 1)] + "…"
+    content = json.dumps(shrunk, ensure_ascii=False)
+    if len(content) > limit:            # the bulk is in nested values: cut the text after all
+        content = content[:limit] + "…(truncated)"
+    return content
+
+
+def _seconds(value: float) -> str:
+    """30.0 -> '30', 2.5 -> '2.5'."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _size(n: int) -> str:
+    """1048576 -> '1 MiB'."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _tail(text: str) -> str:
+    return text.strip()[-ERROR_TAIL:].strip()
+
+
+def _cut_utf8(text: str, limit: int) -> tuple[str, bool]:
+    """At most `limit` UTF-8 bytes of `text`, cut on a character boundary; and whether it was cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
