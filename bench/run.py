@@ -176,9 +176,11 @@ def _cluster_pids(datadir: Path) -> list[int]:
     return [postmaster, *children]
 
 
-def _idle_daemon(env: dict, tmp: Path, count=lambda: 0, tree=lambda pid: [pid]) -> tuple[float, float, int, list]:
-    """Start the daemon, wait for READY, then measure its RSS, `count()`, and the CPU seconds and PSS of each
-    of `tree(pid)` (the daemon alone by default, first) over 10 idle seconds."""
+def _idle_daemon(env: dict, tmp: Path, count=lambda: 0, tree=lambda pid: [pid],
+                 warm=None) -> tuple[float, float, int, list]:
+    """Start the daemon, wait for READY (and for `warm(proc)`, e.g. one turn), then measure its RSS,
+    `count()`, and the CPU seconds and PSS of each of `tree(pid)` (the daemon alone by default,
+    first) over 10 idle seconds."""
     import signal
     import socket
     sock_path = str(tmp / "notify.sock")
@@ -189,6 +191,8 @@ def _idle_daemon(env: dict, tmp: Path, count=lambda: 0, tree=lambda pid: [pid]) 
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
         try:
             listener.recv(64)                          # READY=1
+            if warm is not None:
+                warm(proc)
             time.sleep(POOL_IDLE_CLOSE + 1)            # idle: the pool has closed its unused connections
             pids = tree(proc.pid)
             cpu0, n0 = sum(map(_cpu_seconds, pids)), count()
@@ -203,8 +207,9 @@ def _idle_daemon(env: dict, tmp: Path, count=lambda: 0, tree=lambda pid: [pid]) 
 
 def bench_footprint() -> None:
     """The idle daemon as the README starts it (default settings: embedded cluster in ./var, console
-    channel, an API key set) together with every process of its cluster: PSS and CPU."""
-    from tests.servers.llm import LLMServer
+    channel, an API key set) together with every process of its cluster: PSS and CPU, right after
+    start and again after one conversation turn (which loads the openai SDK)."""
+    from tests.servers.llm import LLMServer, text
     tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
     os.chmod(tmp, 0o755)                          # as root, the cluster runs as `postgres`
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_", "NOTIFY_", "PG"))}
@@ -212,14 +217,24 @@ def bench_footprint() -> None:
     def tree(pid: int) -> list[int]:
         return [pid, *_cluster_pids(tmp / "var" / "pg")]
     try:
-        with LLMServer([]) as server:             # never asked while idle; its address makes the set-up real
+        with LLMServer([text("好的")], repeat_last=True) as server:
             env.update({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url})
             subprocess.run([sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"], env=env, check=True,
                            capture_output=True, cwd=tmp)            # initdb and schema done, server stopped again
-            _, cpu, _, pss = _idle_daemon(env, tmp, tree=tree)
-        report(f"idle footprint: daemon + embedded cluster {sum(pss):.1f} MB PSS in {len(pss)} processes (daemon "
-               f"{pss[0]:.0f} MB, cluster {sum(pss[1:]):.0f} MB), {cpu:.3f} s CPU in 10 s "
-               f"(targets <= 70 MB, <= 0.02 s)", sum(pss) <= 70 and cpu <= 0.02)
+
+            def one_turn(proc: subprocess.Popen) -> None:
+                asked = len(server.requests)
+                proc.stdin.write("你好\n".encode())
+                proc.stdin.flush()
+                deadline = time.monotonic() + 30
+                while len(server.requests) == asked and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(1)                                         # the reply goes out, the turn ends
+            for label, warm in (("after start", None), ("after one turn", one_turn)):
+                _, cpu, _, pss = _idle_daemon(env, tmp, tree=tree, warm=warm)
+                report(f"idle footprint {label}: daemon + embedded cluster {sum(pss):.1f} MB PSS in {len(pss)} "
+                       f"processes (daemon {pss[0]:.0f} MB, cluster {sum(pss[1:]):.0f} MB), {cpu:.3f} s CPU in "
+                       f"10 s (targets <= 70 MB, <= 0.02 s)", sum(pss) <= 70 and cpu <= 0.02)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

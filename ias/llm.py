@@ -3,6 +3,10 @@
 The SDK's own retries are switched off so that the delays are ours (named in limits, and
 injectable for tests). Every failure ends as LLMError; its text is for the log only — the
 owner gets one short apology from the agent, never an exception string.
+
+`openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
+an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
+needs them.
 """
 from __future__ import annotations
 
@@ -10,8 +14,6 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass
-
-import openai
 
 from .errors import IasError
 from .limits import LLM_RETRY_DELAYS, LLM_TIMEOUT
@@ -64,9 +66,10 @@ def _unicode(value):
     return value
 
 
-# Worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not.
-_TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-              openai.InternalServerError, openai.ConflictError)
+def _transient(openai) -> tuple[type[Exception], ...]:
+    """Failures worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not."""
+    return (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+            openai.InternalServerError, openai.ConflictError)
 
 
 class LLM:
@@ -74,18 +77,29 @@ class LLM:
 
     def __init__(self, api_key: str, base_url: str | None, model: str,
                  retry_delays: tuple[float, ...] = LLM_RETRY_DELAYS, timeout: float = LLM_TIMEOUT):
-        self.client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
+        self._client = None
         self.model = model
         self.retry_delays = retry_delays
 
+    @property
+    def client(self):
+        """The SDK client, made (and `openai` imported) on first use."""
+        if self._client is None:
+            import openai
+            self._client = openai.AsyncOpenAI(**self._settings)
+        return self._client
+
     async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
         """One chat completion; transient failures are retried with backoff, then LLMError."""
+        client = self.client
+        import openai
         for attempt in range(len(self.retry_delays) + 1):
             try:
-                response = await self.client.chat.completions.create(
+                response = await client.chat.completions.create(
                     model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
                 break
-            except _TRANSIENT as exc:
+            except _transient(openai) as exc:
                 if attempt == len(self.retry_delays):
                     raise LLMError(f"LLM endpoint failed {attempt + 1} times: {type(exc).__name__}") from exc
                 log.warning("LLM request failed (%s), retrying in %.1fs", type(exc).__name__, self.retry_delays[attempt])
@@ -108,4 +122,5 @@ class LLM:
         return f"{len(names)} models, {self.model} {found}"
 
     async def close(self) -> None:
-        await self.client.close()
+        if self._client is not None:
+            await self._client.close()
