@@ -304,22 +304,10 @@ def run() -> None:
     os._exit(code)
 
 
-def _task_json(task, upcoming: list) -> dict:
-    return {"id": task.id, "name": task.name, "schedule": task.schedule, "kind": task.kind, "text": task.text,
-            "enabled": task.enabled, "user": task.user_id,
-            "next_runs": [t.strftime("%Y-%m-%d %H:%M:%S") for t in upcoming]}
-
-
 async def cmd_tasks(config, args) -> int:
     from .app import open_store, resolve_owner
-    from .cron import TZ, describe, parse_schedule
+    from .builtins import task_json as _task_json, upcoming
     from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
-
-    def upcoming(task) -> list:
-        if not task.enabled or task.next_run_at is None:
-            return []
-        first = task.next_run_at.astimezone(TZ)
-        return [first, *describe(parse_schedule(task.schedule, anchor=task.created_at), first, 2)]
 
     async with open_store(config) as store:
         try:
