@@ -159,10 +159,13 @@ def _first_line(exc: BaseException) -> str:
 
 def cmd_skills(config, args) -> int:
     from .skills import registry
-    reg = registry(config)
+    reg = registry(config, cached=args.action is None)
     if args.action == "check":
         for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings)):
             print(line)
+        too_many = _over_one_request(config, reg)
+        if too_many:
+            print(f"warning: {too_many}")
         if not reg.problems:
             print(f"{len(reg)} skills OK", file=sys.stderr)
         return 1 if reg.problems else 0
@@ -188,6 +191,17 @@ def cmd_skills(config, args) -> int:
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
+
+
+def _over_one_request(config, reg) -> str | None:
+    """A warning when the loaded skills exceed what one model request carries, else None."""
+    from .ranker import Catalog
+    count, size = Catalog(reg, config.max_tools, config.tools_bytes).totals()
+    if count <= config.max_tools and size <= config.tools_bytes:
+        return None
+    return (f"{count} skills make {size} bytes of tool definitions, more than one model request carries "
+            f"(IAS_MAX_TOOLS={config.max_tools}, IAS_TOOLS_BYTES={config.tools_bytes}): each request offers the "
+            "system skills, the recently used ones and the most relevant others; find_skills reaches the rest")
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
@@ -255,6 +269,9 @@ async def cmd_doctor(config) -> int:
     reg = registry(config)
     line(not reg.problems, "skills", f"{len(reg)} loaded, {len(reg.problems)} not loaded"
          + "".join(f"\n      {p}" for p in reg.problems))
+    too_many = _over_one_request(config, reg)
+    if too_many:
+        line(None, "tools", too_many)
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"

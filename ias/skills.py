@@ -313,7 +313,7 @@ class Registry:
 
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
-                 allow_risk_downgrade: frozenset[str] | set[str] = frozenset()):
+                 allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -326,6 +326,7 @@ class Registry:
         self._reported: set[str] = set()
         self._unreported: list[str] = []
         self._sorted: list[Skill] | None = None
+        self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
@@ -363,8 +364,15 @@ class Registry:
         if seen == self._seen and self.generation:
             return False
         first = not self.generation
+        cached = _read_cache(self._cache) if self._cache else {}
+        fresh = False
         for path, signature in seen.items():
             if self._seen.get(path) != signature:
+                hit = cached.get(str(path))
+                if hit is not None and hit[0] == signature:
+                    self._parsed[path] = hit[1]
+                    continue
+                fresh = True
                 try:
                     self._parsed[path] = load_skill(path.parent, signature[0])
                 except SkillError as exc:
@@ -373,6 +381,8 @@ class Registry:
             del self._parsed[gone]
             self._good.pop(gone, None)
         self._seen = seen
+        if self._cache and (fresh or len(cached) != len(seen)):
+            _write_cache(self._cache, {path: (seen[path], self._parsed[path]) for path in seen})
         problems: list[str] = []
         system: dict[str, Skill] = {}
         user: dict[str, Skill] = {}
@@ -409,6 +419,63 @@ class Registry:
         return lines
 
 
+CACHE_VERSION = 1
+_CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
+                  "parameters_line", "builtin")
+
+
+def _lazy(parameters: dict) -> Callable[[object], list[str]]:
+    """The validator of a schema checked when it was cached, compiled at its first use."""
+    compiled: Callable[[object], list[str]] | None = None
+
+    def validate(instance: object) -> list[str]:
+        nonlocal compiled
+        if compiled is None:
+            from . import schema
+            compiled = schema.compile(parameters)
+        return compiled(instance)
+    return validate
+
+
+def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
+    """The parsed specs cached by `_write_cache`; empty when missing, stale in format or damaged."""
+    try:
+        data = json.loads(file.read_bytes())
+        if data.get("version") != CACHE_VERSION:
+            return {}
+        out = {}
+        for path, (signature, spec) in data["entries"].items():
+            if isinstance(spec, list):
+                outcome = SkillError([str(p) for p in spec])
+            else:
+                outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
+                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]))
+            out[path] = (tuple(signature), outcome)
+        return out
+    except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
+        return {}
+
+
+def _write_cache(file: Path, entries: dict) -> None:
+    """Cache every parse outcome by its file's stat signature (written whole, then renamed into place)."""
+    out = {}
+    for path, (signature, outcome) in entries.items():
+        if isinstance(outcome, SkillError):
+            spec = list(outcome.problems)
+        else:
+            spec = {k: getattr(outcome, k) for k in _CACHED_FIELDS}
+            spec.update(env=list(outcome.env), directory=str(outcome.directory))
+        out[str(path)] = [list(signature), spec]
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = file.with_name(f".{file.name}.{os.getpid()}")
+        temporary.write_text(json.dumps({"version": CACHE_VERSION, "entries": out}, ensure_ascii=False),
+                             encoding="utf-8")
+        os.replace(temporary, file)
+    except OSError as exc:
+        log.debug("skill cache %s not written: %s", file, exc)
+
+
 def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrade) -> tuple[dict[str, Skill], list[str]]:
     """User skills over system skills; an override never lowers the risk unless allowed."""
     warnings: list[str] = []
@@ -430,10 +497,11 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
-                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset()) -> Registry:
-    """Load system skills, then user skills over them; one bad skill never stops the others."""
+                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None) -> Registry:
+    """Load system skills, then user skills over them; one bad skill never stops the others.
+    `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing)."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
-    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade)
+    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache)
     reg.reload()
     return reg
 
@@ -450,6 +518,11 @@ def _untitled(skill: Skill) -> list[str]:
             f"(their label in the approval message): {', '.join(untitled)}"]
 
 
-def registry(config) -> Registry:
-    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list."""
-    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade)
+SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
+
+
+def registry(config, cached: bool = False) -> Registry:
+    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
+    `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
+    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
+                         config.data_dir / SKILLS_CACHE if cached else None)
