@@ -18,7 +18,7 @@ from collections.abc import Sequence
 _WORD = re.compile(r"[a-z0-9]+|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _CJK_START = "\u3400"
 # Words so common in requests and descriptions that they only blur the ranking.
-_STOP = frozenset("a an and are as at be by can do for from get i in into is it me my of on or please "
+_STOP = frozenset("a an and are as at be by can do for from get i in into is it me my of or please "
                   "show the this to what with you your".split())
 K1, B = 1.2, 0.75
 NAME_WEIGHT = 2                         # a term of a name or title counts as often as this

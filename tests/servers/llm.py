@@ -56,7 +56,7 @@ class LLMServer(JSONServer):
                     return self.send_json(404, {"error": {"message": "not found"}})
                 if self.headers.get("Authorization", "") != "Bearer sk-test":
                     return self.send_json(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
-                tools = json.loads(raw).get("tools") or []
+                tools = (json.loads(raw).get("tools") or []) if server.max_tools is not None else []
                 if server.max_tools is not None and len(tools) > server.max_tools:
                     with server._lock:
                         server.raw.append(raw)
