@@ -2,7 +2,10 @@
 that refuses more than 128 tools (as OpenAI's does)."""
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -16,7 +19,7 @@ from ias.ranker import Catalog, tokens
 from ias.skills import load_registry
 from tests import skillset
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import REPO, StoreTestCase, capture_logs
+from tests.support import REPO, StoreTestCase, capture_logs, drop_schema, fresh_schema_dsn
 
 SYSTEM = REPO / "resources" / "skills"
 REQUEST_MAX = 16 * 1024
@@ -165,3 +168,56 @@ class EndpointTest(StoreTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def ias(*args: str, env: dict) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "OPENAI_"))}
+    return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
+                          env={**environ, **env}, timeout=120)
+
+
+class CommandsTest(unittest.TestCase):
+    """`skills check` and `doctor` warn when the skills exceed one request; `skills` lists from a cache."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-limits-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.env = {"IAS_SKILLS_DIR": str(self.tmp / "skills"), "IAS_DATA_DIR": str(self.tmp / "data")}
+
+    def test_check_and_doctor_warn_past_one_request(self):
+        for name in skillset.write(self.tmp / "skills")[40:]:
+            shutil.rmtree(self.tmp / "skills" / name)
+        check = ias("skills", "check", env=self.env)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertRegex(check.stdout, r"(?m)^warning: 48 skills make \d+ bytes of tool definitions, more than one "
+                                       r"model request carries \(IAS_MAX_TOOLS=32, IAS_TOOLS_BYTES=12288\)")
+        roomy = ias("skills", "check", env={**self.env, "IAS_MAX_TOOLS": "128", "IAS_TOOLS_BYTES": "65536"})
+        self.assertNotIn("warning:", roomy.stdout)
+        dsn, schema_name = fresh_schema_dsn()
+        self.addCleanup(drop_schema, schema_name)
+        doctor = ias("doctor", env={**self.env, "IAS_DATABASE_URL": dsn})
+        self.assertRegex(doctor.stdout, r"(?m)^warn  tools: 48 skills make \d+ bytes")
+
+    def test_bad_limits_are_refused(self):
+        for value in ("0", "129", "many"):
+            result = ias("skills", env={**self.env, "IAS_MAX_TOOLS": value})
+            self.assertNotEqual(result.returncode, 0)
+            self.assertIn("IAS_MAX_TOOLS must be a whole number from 1 to 128", result.stderr)
+        self.assertIn("IAS_TOOLS_BYTES must be a whole number from 1024",
+                      ias("skills", env={**self.env, "IAS_TOOLS_BYTES": "10"}).stderr)
+
+    def test_listing_cache_follows_edits_and_survives_damage(self):
+        skillset.write(self.tmp / "skills")
+        first = ias("skills", "--json", env=self.env)
+        self.assertEqual(len(json.loads(first.stdout)), 1008)
+        self.assertTrue((self.tmp / "data" / "skills.cache.json").is_file())
+        again = ias("skills", "--json", env=self.env)
+        self.assertEqual(again.stdout, first.stdout)
+        skill = self.tmp / "skills" / "jinan_jobs" / "SKILL.md"
+        skill.write_text(skill.read_text(encoding="utf-8").replace("Search job", "Search many job"), encoding="utf-8")
+        shutil.rmtree(self.tmp / "skills" / "jinan_rent")
+        rows = {r["name"]: r for r in json.loads(ias("skills", "--json", env=self.env).stdout)}
+        self.assertEqual(rows["jinan_jobs"]["description"], "Search many job openings in Jinan.")
+        self.assertNotIn("jinan_rent", rows)
+        (self.tmp / "data" / "skills.cache.json").write_text("{damaged", encoding="utf-8")
+        self.assertEqual(len(json.loads(ias("skills", "--json", env=self.env).stdout)), 1007)
