@@ -177,7 +177,7 @@ def cmd_skills(config, args) -> int:
         spec = {"name": skill.name, "title": skill.title, "description": skill.description,
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
                 "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
-                "parameters": skill.parameters, "execute": skill.execute}
+                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin}
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
     rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,

@@ -360,6 +360,8 @@ class Registry:
 
     def reload(self) -> bool:
         """Notice added, changed and removed skills; whether the loaded set changed."""
+        if not self._roots:                 # built from given skills: nothing to read
+            return False
         seen = self._scan()
         if seen == self._seen and self.generation:
             return False
