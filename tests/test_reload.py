@@ -13,6 +13,7 @@ from ias.llm import LLM
 from ias.skills import load_registry
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs
+from tests.test_daemon import DaemonTestCase, Lines
 
 SKILL = """# {title}
 
@@ -162,3 +163,30 @@ class DaemonReloadTest(GateTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RunningDaemonTest(DaemonTestCase):
+    """The real daemon process: a skill added while it runs is used on the next turn, without a restart."""
+
+    def test_added_skill_used_next_turn_and_a_broken_edit_told_once(self):
+        skills = self.tmp / "skills"
+        shutil.copytree(FIXTURES / "gate", skills)
+        proc = self.daemon(env={"IAS_SKILLS_DIR": str(skills)})
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running")
+        self.say(proc, "/run greet {}")
+        at = out.wait_for("未知技能：greet")
+        write(skills, "greet", script="echo hi from greet")
+        self.say(proc, "/run greet {}")
+        at = out.wait_for("hi from greet", start=at + 1)
+        path = write(skills, "greet", script="echo broken", broken=True)
+        told = out.wait_for("技能未能加载", start=at + 1)
+        self.assertIn(f"{path}:10: invalid JSON in ## Parameters", out.lines[told])
+        log.wait_for(f"{path}:10: invalid JSON in ## Parameters")
+        self.say(proc, "/run greet {}")
+        at = out.wait_for("hi from greet", start=told + 1)        # the last good version
+        self.say(proc, "/run greet {}")
+        out.wait_for("hi from greet", start=at + 1)
+        self.assertEqual(sum("技能未能加载" in line for line in out.lines), 1)
+        proc.terminate()
+        self.assertEqual(proc.wait(timeout=30), 0)
