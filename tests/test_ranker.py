@@ -206,6 +206,19 @@ class CommandsTest(unittest.TestCase):
         self.assertIn("IAS_TOOLS_BYTES must be a whole number from 1024",
                       ias("skills", env={**self.env, "IAS_TOOLS_BYTES": "10"}).stderr)
 
+    def test_limits_from_ias_toml_and_the_environment(self):
+        from ias.config import load
+        from ias.errors import ConfigError
+        file = self.tmp / "ias.toml"
+        file.write_text("max_tools = 64\ntools_bytes = 20000\n", encoding="utf-8")
+        config = load(file, {"IAS_TOOLS_BYTES": "30000"})
+        self.assertEqual((config.max_tools, config.tools_bytes), (64, 30000))
+        self.assertEqual((load(None, {}).max_tools, load(None, {}).tools_bytes), (32, 12288))
+        for toml in ("max_tools = true\n", "max_tools = 200\n", 'max_tools = "lots"\n', "tools_bytes = 1.5\n"):
+            file.write_text(toml, encoding="utf-8")
+            with self.subTest(toml=toml), self.assertRaisesRegex(ConfigError, "must be a whole number"):
+                load(file, {})
+
     def test_listing_cache_follows_edits_and_survives_damage(self):
         skillset.write(self.tmp / "skills")
         first = ias("skills", "--json", env=self.env)
