@@ -135,7 +135,6 @@ class Agent:
         return reply
 
 
-
 def _used(history: list[dict]) -> list[str]:
     """Skills the model called in the history, most recent first, at most RECENT_SKILLS_MAX."""
     names: list[str] = []

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
 from . import ilink, systemd
-from .agent import APOLOGY, NO_LLM, Agent
+from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
 from .builtins import Builtins
 from .channels.base import Channel, Inbound
@@ -207,7 +207,7 @@ async def run_once(config: Config, text: str) -> int:
         async with owner_approvals(config, c) as (user, notify):
             reply = await c.agent.turn(user, text, notify)
         print(reply)
-        return 1 if reply == APOLOGY else 0
+        return 1 if reply in (APOLOGY, TOOLS_REFUSED) else 0
 
 
 async def _explain_no_confirm(text: str) -> bool:

@@ -234,3 +234,12 @@ class CommandsTest(unittest.TestCase):
         self.assertNotIn("jinan_rent", rows)
         (self.tmp / "data" / "skills.cache.json").write_text("{damaged", encoding="utf-8")
         self.assertEqual(len(json.loads(ias("skills", "--json", env=self.env).stdout)), 1007)
+
+
+class OnceRefusedTest(StoreTestCase):
+    def test_once_explains_the_refusal_and_exits_1(self):
+        with tempfile.TemporaryDirectory(prefix="ias-once-") as tmp, LLMServer([], max_tools=2) as server:
+            result = ias("--once", "你好", env={"IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": tmp,
+                                               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url})
+        self.assertEqual((result.returncode, result.stdout), (1, TOOLS_REFUSED + "\n"), result.stderr)
+        self.assertEqual(server.refused, 1)
