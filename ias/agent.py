@@ -1,4 +1,9 @@
-"""The agent: one conversation turn — slash commands, or the model with every skill as a tool.
+"""The agent: one conversation turn — slash commands, or the model with the skills as tools.
+
+The tools of each model call come from the catalog (ranker.py): every skill while they fit
+IAS_MAX_TOOLS/IAS_TOOLS_BYTES, else a choice for the conversation; a skill that `find_skills`
+names is offered from the next model call of the same turn. The registry is reloaded (a stat
+scan) before each turn, so an added or fixed skill is used without a restart.
 
 Tool calls go through the gate, so the model sees results and the fixed refusal strings, never
 the approval itself. History is stored per user; a bounded window is sent back each turn.
@@ -14,7 +19,8 @@ from typing import Callable
 from . import results
 from .approval import Notify, TurnBudget
 from .gate import Gate
-from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW
+from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX
+from .ranker import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
 from .skills import Registry
 from .store import Store
 
@@ -31,6 +37,8 @@ HELP = """iAs 命令：
 其他消息会交给大模型处理。"""
 NO_LLM = "还没有配置大模型：请设置 OPENAI_API_KEY（可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
+TOOLS_REFUSED = ("大模型服务拒绝了这次请求的工具列表（技能太多或定义太长）：请调低 IAS_MAX_TOOLS 或 "
+                 "IAS_TOOLS_BYTES，或减少技能。")
 TOO_MANY_ROUNDS = f"这个请求需要的步骤太多（超过 {AGENT_MAX_ROUNDS} 轮），已停止。请把任务拆小一点再试。"
 
 
@@ -53,21 +61,22 @@ def _window(messages: list[dict]) -> list[dict]:
 class Agent:
     """Turns an owner's message into a reply, using the model and the skills."""
 
-    def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *,
+    def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *, catalog: Catalog,
                  now: Callable[[], datetime] | None = None,
                  max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW):
         self.registry = registry
+        self.catalog = catalog
         self.gate = gate
         self.store = store
         self.llm = llm
         self.now = now or (lambda: datetime.now(timezone.utc))
         self.max_rounds = max_rounds
         self.window = window
-        self.tools = [tool_spec(s) for s in registry]
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
         text = text.strip()
+        self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/"):
             return await self.command(user_id, text, notify)
         if self.llm is None:
@@ -93,34 +102,53 @@ class Agent:
         return f"未知命令：{name}\n\n{HELP}"
 
     async def chat(self, user_id: str, text: str, notify: Notify | None) -> str:
-        from .llm import LLMError
+        from .llm import LLMError, ToolsRefused
         history = _window(await self.store.recent_messages(user_id, self.window))
         new: list[dict] = [{"role": "user", "content": text}]
         reply = TOO_MANY_ROUNDS
         turn = TurnBudget()
+        query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
+                                  and isinstance(m.get("content"), str))][:3])
+        recent = _used(history)
+        keep: list[str] = []            # found or used in this turn, newest first
         try:
             for _ in range(self.max_rounds):
                 messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
-                answer = await self.llm.complete(messages, self.tools)
+                tools = self.catalog.select(query, [*keep, *recent])
+                answer = await self.llm.complete(messages, tools)
                 new.append(answer.message())
                 if not answer.tool_calls:
                     reply = answer.content or ""
                     break
                 for call in answer.tool_calls:
                     result = await self.gate.call(user_id, call.name, call.arguments, notify, turn)
+                    keep[:0] = [*_found(self.registry.get(call.name), result), call.name]
                     content = results.for_history(result)
                     new.append({"role": "tool", "tool_call_id": call.id, "content": content})
             else:
                 new.append({"role": "assistant", "content": reply})
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
-            reply = APOLOGY
+            reply = TOOLS_REFUSED if isinstance(exc, ToolsRefused) else APOLOGY
             new.append({"role": "assistant", "content": reply})
         await self.store.append_messages(user_id, new)
         return reply
 
 
-def tool_spec(skill) -> dict:
-    """A skill as an OpenAI function tool."""
-    return {"type": "function",
-            "function": {"name": skill.name, "description": skill.description, "parameters": skill.parameters}}
+def _used(history: list[dict]) -> list[str]:
+    """Skills the model called in the history, most recent first, at most RECENT_SKILLS_MAX."""
+    names: list[str] = []
+    for message in reversed(history):
+        for call in message.get("tool_calls") or ():
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names[:RECENT_SKILLS_MAX]
+
+
+def _found(skill, result: dict) -> list[str]:
+    """The skills a successful find_skills call named (offered from the next model call on)."""
+    if skill is None or skill.builtin != "skills.find" or not result.get("success"):
+        return []
+    return [item["name"] for item in result.get("skills", ()) if isinstance(item, dict)
+            and isinstance(item.get("name"), str)]

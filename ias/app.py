@@ -12,18 +12,20 @@ from datetime import datetime
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
 from . import ilink, systemd
-from .agent import APOLOGY, NO_LLM, Agent
+from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
+from .builtins import Builtins
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
 from .channels.wechat import WeChatChannel
 from .config import Config
 from .errors import IasError, StoreError
 from .gate import Gate
-from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE
+from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
 from .locks import FileLock
 from .monitor import DatabaseMonitor
 from .pgcluster import Cluster
+from .ranker import Catalog
 from .router import Router
 from .runner import Runner, recover
 from .scheduler import Scheduler, retry_later
@@ -96,13 +98,15 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     what nobody asked for (task results, restart notes) to `primary`.
     """
     skills = registry(config)
-    # Skills that list them in ## Env (the task skills) reach this very database through the CLI.
-    environ = {**config.environ, "IAS_DATABASE_URL": store.dsn, "IAS_DATA_DIR": str(config.data_dir.resolve())}
+    # No database URL reaches a skill, even one naming it in ## Env: the task skills are built in.
+    environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
+               "IAS_DATA_DIR": str(config.data_dir.resolve())}
     runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
                     python=sys.executable)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
-    gate = Gate(skills, runner, store, approvals)
-    agent = Agent(skills, gate, store, llm, now=now)
+    catalog = Catalog(skills, config.max_tools, config.tools_bytes)
+    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search))
+    agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = None
     if channels:
         if primary is None:
@@ -203,7 +207,7 @@ async def run_once(config: Config, text: str) -> int:
         async with owner_approvals(config, c) as (user, notify):
             reply = await c.agent.turn(user, text, notify)
         print(reply)
-        return 1 if reply == APOLOGY else 0
+        return 1 if reply in (APOLOGY, TOOLS_REFUSED) else 0
 
 
 async def _explain_no_confirm(text: str) -> bool:
@@ -262,6 +266,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
+            supervisor.spawn(watch_skills(c.registry, console, user), "skills watcher")
             systemd.notify("READY=1\nSTATUS=serving")
             log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
@@ -288,6 +293,18 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             except StoreError as exc:
                 log.error("daemon_stop not recorded: %s", exc)
     return 1 if supervisor.failed.is_set() else 0
+
+
+async def watch_skills(registry: Registry, console: Channel, user: str,
+                       interval: float = SKILLS_SCAN_INTERVAL) -> None:
+    """Hot reload: a stat scan every `interval` s (the agent also scans before each turn); a skill
+    edit that does not load is told to the owner once, on the console (its last good version stays)."""
+    while True:
+        if registry.reload():
+            log.info("skills reloaded: %d loaded", len(registry))
+        for line in registry.take_new_problems():
+            await console.send(user, f"技能未能加载，沿用上一个可用版本（如有）：{line}")
+        await asyncio.sleep(interval)
 
 
 async def _watchdog(interval: float | None) -> None:

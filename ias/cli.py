@@ -159,10 +159,13 @@ def _first_line(exc: BaseException) -> str:
 
 def cmd_skills(config, args) -> int:
     from .skills import registry
-    reg = registry(config)
+    reg = registry(config, cached=args.action is None)
     if args.action == "check":
         for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings)):
             print(line)
+        too_many = _over_one_request(config, reg)
+        if too_many:
+            print(f"warning: {too_many}")
         if not reg.problems:
             print(f"{len(reg)} skills OK", file=sys.stderr)
         return 1 if reg.problems else 0
@@ -174,7 +177,7 @@ def cmd_skills(config, args) -> int:
         spec = {"name": skill.name, "title": skill.title, "description": skill.description,
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
                 "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
-                "parameters": skill.parameters, "execute": skill.execute}
+                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin}
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
     rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
@@ -188,6 +191,17 @@ def cmd_skills(config, args) -> int:
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
+
+
+def _over_one_request(config, reg) -> str | None:
+    """A warning when the loaded skills exceed what one model request carries, else None."""
+    from .ranker import Catalog
+    count, size = Catalog(reg, config.max_tools, config.tools_bytes).totals()
+    if count <= config.max_tools and size <= config.tools_bytes:
+        return None
+    return (f"{count} skills make {size} bytes of tool definitions, more than one model request carries "
+            f"(IAS_MAX_TOOLS={config.max_tools}, IAS_TOOLS_BYTES={config.tools_bytes}): each request offers the "
+            "system skills, the recently used ones and the most relevant others; find_skills reaches the rest")
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
@@ -255,6 +269,9 @@ async def cmd_doctor(config) -> int:
     reg = registry(config)
     line(not reg.problems, "skills", f"{len(reg)} loaded, {len(reg.problems)} not loaded"
          + "".join(f"\n      {p}" for p in reg.problems))
+    too_many = _over_one_request(config, reg)
+    if too_many:
+        line(None, "tools", too_many)
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
@@ -304,22 +321,10 @@ def run() -> None:
     os._exit(code)
 
 
-def _task_json(task, upcoming: list) -> dict:
-    return {"id": task.id, "name": task.name, "schedule": task.schedule, "kind": task.kind, "text": task.text,
-            "enabled": task.enabled, "user": task.user_id,
-            "next_runs": [t.strftime("%Y-%m-%d %H:%M:%S") for t in upcoming]}
-
-
 async def cmd_tasks(config, args) -> int:
     from .app import open_store, resolve_owner
-    from .cron import TZ, describe, parse_schedule
+    from .builtins import task_json as _task_json, upcoming
     from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
-
-    def upcoming(task) -> list:
-        if not task.enabled or task.next_run_at is None:
-            return []
-        first = task.next_run_at.astimezone(TZ)
-        return [first, *describe(parse_schedule(task.schedule, anchor=task.created_at), first, 2)]
 
     async with open_store(config) as store:
         try:

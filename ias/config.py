@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .errors import ConfigError
+from .limits import MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TOOLS_BYTES_DEFAULT, TOOLS_BYTES_MIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,8 @@ _SETTINGS = {
     "wechat_base_url": ("IAS_WECHAT_BASE_URL", str),
     "wechat_owner": ("IAS_WECHAT_OWNER", str),
     "skills_dir": ("IAS_SKILLS_DIR", str),
+    "max_tools": ("IAS_MAX_TOOLS", (1, MAX_TOOLS_CEILING)),          # whole numbers in this range
+    "tools_bytes": ("IAS_TOOLS_BYTES", (TOOLS_BYTES_MIN, 1024 * 1024)),
 }
 # Never read from ias.toml: a config file is too easily committed or shared.
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN"}
@@ -45,6 +48,8 @@ class Config:
     skills_dir: Path = REPO_ROOT / "skills"
     system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()
+    max_tools: int = MAX_TOOLS_DEFAULT
+    tools_bytes: int = TOOLS_BYTES_DEFAULT
     repo_root: Path = REPO_ROOT
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -67,6 +72,15 @@ def absolute(path: str | os.PathLike) -> Path:
 
 
 def _convert(name: str, value, kind):
+    if isinstance(kind, tuple):
+        low, high = kind
+        try:
+            number = int(value.strip()) if isinstance(value, str) else value
+        except ValueError:
+            number = None
+        if not isinstance(number, int) or isinstance(number, bool) or not low <= number <= high:
+            raise ConfigError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+        return number
     if kind is float:
         try:
             number = float(value)

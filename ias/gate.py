@@ -23,6 +23,7 @@ import uuid
 from . import results, schema
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
+from .builtins import Builtins
 from .errors import StoreError
 from .runner import Runner, RunResult, alive, identity
 from .skills import Registry
@@ -34,9 +35,11 @@ log = logging.getLogger(__name__)
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
-    def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals):
+    def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals,
+                 builtins: Builtins | None = None):
         self.registry = registry
         self.runner = runner
+        self.builtins = builtins
         self.store = store
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
@@ -81,7 +84,7 @@ class Gate:
         finishing = None
         try:
             try:
-                result = await self.runner.run(skill, params)
+                result = await self._execute(skill, params, user_id)
             except asyncio.CancelledError:       # the runner killed the group; record that it ended
                 finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, None,
                                          results.interrupted(name), notify)
@@ -94,6 +97,14 @@ class Gate:
             if finishing is None:                # the runner failed: nothing to record, nothing to wait for
                 self._inflight.discard(running)
                 running.set_result(None)
+
+    async def _execute(self, skill, params: dict, user_id: str) -> RunResult:
+        """Where a call runs: the in-process handler of `## Builtin`, else a process (`## Execute`)."""
+        if skill.builtin is not None:
+            if self.builtins is None:
+                raise RuntimeError(f"built-in skill {skill.name} but no built-in handlers were given")
+            return await self.builtins.run(skill, params, user_id)
+        return await self.runner.run(skill, params)
 
     def _finish(self, running: asyncio.Future, user_id: str, skill, approval_id, decision: str, tag: str,
                 started: float, result: RunResult | None, llm: dict, notify: Notify | None) -> asyncio.Task:

@@ -28,6 +28,13 @@ HISTORY_WINDOW = 24                 # stored messages sent back to the model
 LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
+MAX_TOOLS_DEFAULT = 32              # tools offered per model request (IAS_MAX_TOOLS)
+MAX_TOOLS_CEILING = 128             # never more: OpenAI's endpoint refuses a request with more tools
+TOOLS_BYTES_DEFAULT = 12 * 1024     # bytes of tool definitions per model request (IAS_TOOLS_BYTES)
+TOOLS_BYTES_MIN = 1024              # a smaller IAS_TOOLS_BYTES is a configuration error
+FIND_SKILLS_DEFAULT = 8             # skills find_skills names when the model gives no limit
+RECENT_SKILLS_MAX = 8               # skills used recently in the conversation that stay offered
+SKILLS_SCAN_INTERVAL = 3.0          # seconds between the daemon's stat scans of the skill directories
 
 # Approvals
 APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused

@@ -25,6 +25,10 @@ class LLMError(IasError):
     """The endpoint failed after all retries (or refused for good, e.g. a bad key)."""
 
 
+class ToolsRefused(LLMError):
+    """The endpoint refused the request because of its tools (too many, or too large): a 400 naming them."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     id: str
@@ -104,6 +108,11 @@ class LLM:
                     raise LLMError(f"LLM endpoint failed {attempt + 1} times: {type(exc).__name__}") from exc
                 log.warning("LLM request failed (%s), retrying in %.1fs", type(exc).__name__, self.retry_delays[attempt])
                 await asyncio.sleep(self.retry_delays[attempt])
+            except openai.BadRequestError as exc:
+                if "tool" in str(exc).lower():
+                    raise ToolsRefused(f"LLM endpoint refused the tools ({len(tools)} offered): "
+                                       f"{str(exc)[:300]}") from exc
+                raise LLMError("LLM endpoint refused the request: BadRequestError 400") from exc
             except openai.APIError as exc:
                 raise LLMError(f"LLM endpoint refused the request: {type(exc).__name__} "
                                f"{getattr(exc, 'status_code', '')}") from exc

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ class Skill:
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
+    builtin: str | None = None    # the in-process handler of ## Builtin (then `execute` is empty)
 
     @property
     def high(self) -> bool:
@@ -48,8 +50,10 @@ SECTION_ALIASES = {
     "execute": "execute", "执行": "execute",
     "timeout": "timeout", "超时": "timeout",
     "env": "env", "环境变量": "env",
+    "builtin": "builtin", "内置": "builtin",
 }
-REQUIRED_SECTIONS = ("risk", "parameters", "execute")
+REQUIRED_SECTIONS = ("risk", "parameters")
+EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 # CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
 # the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
@@ -180,8 +184,13 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
 
     for key in REQUIRED_SECTIONS:
         if key not in sections:
-            heading = {"risk": "Risk Level", "parameters": "Parameters", "execute": "Execute"}[key]
+            heading = {"risk": "Risk Level", "parameters": "Parameters"}[key]
             problems.append(f"{where}:1: missing required section '## {heading}'")
+    kinds = [key for key in EXECUTION_SECTIONS if key in sections]
+    if not kinds:
+        problems.append(f"{where}:1: missing required section '## Execute'")
+    elif len(kinds) > 1:
+        problems.append(f"{where}:{sections[kinds[1]].line}: a skill has either '## Execute' or '## Builtin', not both")
 
     risk = "high"
     if "risk" in sections:
@@ -222,6 +231,19 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
             if not execute.strip():
                 problems.append(f"{where}:{block.line}: ## Execute block is empty")
 
+    builtin = None
+    if "builtin" in sections:
+        from .builtins import HANDLERS
+        section = sections["builtin"]
+        lines = _text(section)
+        value = lines[0][1] if lines else ""
+        if value in HANDLERS and len(lines) == 1:
+            builtin = value
+        else:
+            line = lines[0][0] if lines else section.line
+            problems.append(f"{where}:{line}: unknown built-in handler '{_clip(value)}' "
+                            f"(one line, one of: {', '.join(sorted(HANDLERS))})")
+
     timeout = float(SKILL_TIMEOUT_DEFAULT)
     if "timeout" in sections:
         section = sections["timeout"]
@@ -252,7 +274,8 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
-                 directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line)
+                 directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line,
+                 builtin=builtin)
 
 
 def load_skill(directory: Path, source: str = "user") -> Skill:
@@ -280,45 +303,184 @@ def load_skill(directory: Path, source: str = "user") -> Skill:
         raise SkillError([f"{path}:1: cannot load: {type(exc).__name__}: {str(exc)[:200]}"]) from None
 
 
-@dataclass(frozen=True, slots=True)
 class Registry:
-    """The loaded skills by name, with the problems (not loaded) and warnings (loaded) found."""
-    skills: dict[str, Skill]
-    problems: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
+    """The loaded skills by name, with the problems (not loaded) and warnings (loaded) found.
+
+    `reload()` re-reads only the SKILL.md files whose stat signature (mtime, size, inode) changed,
+    so the daemon can call it before every turn. A skill whose new version does not load keeps
+    its last good version; a problem is logged once, and queued once for `take_new_problems`.
+    """
+
+    def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
+                 warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
+                 allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None):
+        self.skills: dict[str, Skill] = dict(skills or {})
+        self.problems = tuple(problems)
+        self.warnings = tuple(warnings)
+        self.generation = 0                  # bumped on every change of the loaded set
+        self._roots = roots
+        self._allow = frozenset(allow_risk_downgrade)
+        self._seen: dict[Path, tuple] = {}   # SKILL.md -> stat signature at its last parse
+        self._parsed: dict[Path, Skill | SkillError] = {}
+        self._good: dict[Path, Skill] = {}   # last version of each file that loaded
+        self._reported: set[str] = set()
+        self._unreported: list[str] = []
+        self._sorted: list[Skill] | None = None
+        self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
 
     def __iter__(self):
-        return iter(sorted(self.skills.values(), key=lambda s: s.name))
+        if self._sorted is None:
+            self._sorted = sorted(self.skills.values(), key=lambda s: s.name)
+        return iter(self._sorted)
 
     def __len__(self) -> int:
         return len(self.skills)
 
-
-def _scan(root: Path, source: str, problems: list[str]) -> dict[str, Skill]:
-    found: dict[str, Skill] = {}
-    if not root.is_dir():
+    def _scan(self) -> dict[Path, tuple]:
+        """Every SKILL.md directly under the roots, with its stat signature; no file is read."""
+        found: dict[Path, tuple] = {}
+        for root, source in self._roots:
+            try:
+                entries = sorted(os.scandir(root), key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):      # as glob("*/SKILL.md") did: hidden directories are not skills
+                    continue
+                path = Path(entry.path) / "SKILL.md"
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                found[path] = (source, st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
         return found
-    for path in sorted(root.glob("*/SKILL.md")):
-        try:
-            skill = load_skill(path.parent, source)
-        except SkillError as exc:
-            problems.extend(exc.problems)
-            log.warning("skill not loaded: %s", "; ".join(exc.problems))
-            continue
-        found[skill.name] = skill
-    return found
+
+    def reload(self) -> bool:
+        """Notice added, changed and removed skills; whether the loaded set changed."""
+        if not self._roots:                 # built from given skills: nothing to read
+            return False
+        seen = self._scan()
+        if seen == self._seen and self.generation:
+            return False
+        first = not self.generation
+        cached = _read_cache(self._cache) if self._cache else {}
+        fresh = False
+        for path, signature in seen.items():
+            if self._seen.get(path) != signature:
+                hit = cached.get(str(path))
+                if hit is not None and hit[0] == signature:
+                    self._parsed[path] = hit[1]
+                    continue
+                fresh = True
+                try:
+                    self._parsed[path] = load_skill(path.parent, signature[0])
+                except SkillError as exc:
+                    self._parsed[path] = exc
+        for gone in set(self._parsed) - set(seen):
+            del self._parsed[gone]
+            self._good.pop(gone, None)
+        self._seen = seen
+        if self._cache and (fresh or len(cached) != len(seen)):
+            _write_cache(self._cache, {path: (seen[path], self._parsed[path]) for path in seen})
+        problems: list[str] = []
+        system: dict[str, Skill] = {}
+        user: dict[str, Skill] = {}
+        for path, (source, *_rest) in seen.items():
+            outcome = self._parsed[path]
+            if isinstance(outcome, SkillError):
+                problems.extend(outcome.problems)
+                self._report(outcome.problems, kept=not first and path in self._good)
+                outcome = self._good.get(path)
+                if outcome is None:
+                    continue
+            else:
+                self._good[path] = outcome
+            (system if source == "system" else user)[outcome.name] = outcome
+        skills, warnings = _merge(system, user, self._allow)
+        changed = first or skills != self.skills
+        self.skills, self.problems, self.warnings = skills, tuple(problems), tuple(warnings)
+        if changed:
+            self.generation += 1
+            self._sorted = None
+        return changed
+
+    def _report(self, problems: list[str], kept: bool) -> None:
+        new = [p for p in problems if p not in self._reported]
+        self._reported.update(new)
+        for line in new:
+            log.warning("skill not loaded%s: %s", " (its last good version stays)" if kept else "", line)
+        if self.generation:
+            self._unreported.extend(new)
+
+    def take_new_problems(self) -> list[str]:
+        """Problems found by a reload since the first load and not yet handed out (to tell the owner once)."""
+        lines, self._unreported = self._unreported, []
+        return lines
 
 
-def load_registry(system_dir: Path | None, user_dir: Path | None,
-                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset()) -> Registry:
-    """Load system skills, then user skills over them; one bad skill never stops the others."""
-    problems: list[str] = []
+CACHE_VERSION = 1
+_CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
+                  "parameters_line", "builtin")
+
+
+def _lazy(parameters: dict) -> Callable[[object], list[str]]:
+    """The validator of a schema checked when it was cached, compiled at its first use."""
+    compiled: Callable[[object], list[str]] | None = None
+
+    def validate(instance: object) -> list[str]:
+        nonlocal compiled
+        if compiled is None:
+            from . import schema
+            compiled = schema.compile(parameters)
+        return compiled(instance)
+    return validate
+
+
+def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
+    """The parsed specs cached by `_write_cache`; empty when missing, stale in format or damaged."""
+    try:
+        data = json.loads(file.read_bytes())
+        if data.get("version") != CACHE_VERSION:
+            return {}
+        out = {}
+        for path, (signature, spec) in data["entries"].items():
+            if isinstance(spec, list):
+                outcome = SkillError([str(p) for p in spec])
+            else:
+                outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
+                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]))
+            out[path] = (tuple(signature), outcome)
+        return out
+    except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
+        return {}
+
+
+def _write_cache(file: Path, entries: dict) -> None:
+    """Cache every parse outcome by its file's stat signature (written whole, then renamed into place)."""
+    out = {}
+    for path, (signature, outcome) in entries.items():
+        if isinstance(outcome, SkillError):
+            spec = list(outcome.problems)
+        else:
+            spec = {k: getattr(outcome, k) for k in _CACHED_FIELDS}
+            spec.update(env=list(outcome.env), directory=str(outcome.directory))
+        out[str(path)] = [list(signature), spec]
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = file.with_name(f".{file.name}.{os.getpid()}")
+        temporary.write_text(json.dumps({"version": CACHE_VERSION, "entries": out}, ensure_ascii=False),
+                             encoding="utf-8")
+        os.replace(temporary, file)
+    except OSError as exc:
+        log.debug("skill cache %s not written: %s", file, exc)
+
+
+def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrade) -> tuple[dict[str, Skill], list[str]]:
+    """User skills over system skills; an override never lowers the risk unless allowed."""
     warnings: list[str] = []
-    system = _scan(Path(system_dir), "system", problems) if system_dir else {}
-    user = _scan(Path(user_dir), "user", problems) if user_dir else {}
     skills = dict(system)
     for name, skill in user.items():
         base = system.get(name)
@@ -333,7 +495,17 @@ def load_registry(system_dir: Path | None, user_dir: Path | None,
         log.warning("%s", warning)
     # For `skills check`, not the log: every command would repeat them.
     warnings.extend(w for skill in skills.values() if skill.high for w in _untitled(skill))
-    return Registry(skills, tuple(problems), tuple(warnings))
+    return skills, warnings
+
+
+def load_registry(system_dir: Path | None, user_dir: Path | None,
+                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None) -> Registry:
+    """Load system skills, then user skills over them; one bad skill never stops the others.
+    `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing)."""
+    roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
+    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache)
+    reg.reload()
+    return reg
 
 
 def _untitled(skill: Skill) -> list[str]:
@@ -348,6 +520,11 @@ def _untitled(skill: Skill) -> list[str]:
             f"(their label in the approval message): {', '.join(untitled)}"]
 
 
-def registry(config) -> Registry:
-    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list."""
-    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade)
+SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
+
+
+def registry(config, cached: bool = False) -> Registry:
+    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
+    `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
+    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
+                         config.data_dir / SKILLS_CACHE if cached else None)

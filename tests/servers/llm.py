@@ -29,13 +29,15 @@ def error(status: int) -> dict:
 class LLMServer(JSONServer):
     """Start with `with LLMServer() as server:`; `server.base_url` is for OPENAI_BASE_URL."""
 
-    def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False):
+    def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False, max_tools: int | None = None):
         self.steps = list(steps or [])
+        self.max_tools = max_tools          # refuse more tools with OpenAI's 400, as api.openai.com does (128)
         self.repeat_last = repeat_last
         self.requests: list[dict] = []
         self.raw: list[bytes] = []
         self._lock = threading.Lock()
         self._calls = 0
+        self.refused = 0                    # requests refused for their tools
         server = self
 
         class Handler(JSONHandler):
@@ -54,6 +56,15 @@ class LLMServer(JSONServer):
                     return self.send_json(404, {"error": {"message": "not found"}})
                 if self.headers.get("Authorization", "") != "Bearer sk-test":
                     return self.send_json(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
+                tools = (json.loads(raw).get("tools") or []) if server.max_tools is not None else []
+                if server.max_tools is not None and len(tools) > server.max_tools:
+                    with server._lock:
+                        server.raw.append(raw)
+                        server.refused += 1
+                    return self.send_json(400, {"error": {
+                        "message": f"Invalid 'tools': array too long. Expected an array with maximum length "
+                                   f"{server.max_tools}, but got an array with length {len(tools)} instead.",
+                        "type": "invalid_request_error", "param": "tools", "code": "array_above_max_length"}})
                 step = server._next(raw)
                 if "status" in step:
                     return self.send_json(step["status"], {"error": {"message": "scripted failure",

@@ -1,0 +1,122 @@
+"""Built-in skills: in-process handlers named by a SKILL.md's `## Builtin` section.
+
+The spec (description, risk, parameters, timeout) still comes from SKILL.md, and the gate
+validates, approves and audits a built-in call exactly as a bash skill's; only the execution
+differs: `Builtins.run` calls a handler here instead of spawning a process, and hands the gate
+the same `RunResult` facts (stdout = the handler's JSON result). So no database URL reaches any
+skill's environment and no `ias` process starts per call.
+
+Not handled: a handler cannot be cancelled mid-statement by its timeout beyond what asyncio
+cancellation gives (a database statement in flight is abandoned, not rolled back twice).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from .limits import FIND_SKILLS_DEFAULT
+
+if TYPE_CHECKING:
+    from .runner import RunResult
+    from .skills import Registry, Skill
+    from .store import Store
+
+# Handler name -> method of Builtins. skills.py checks `## Builtin` names against these keys
+# at load, without importing the store.
+HANDLERS = {"tasks.list": "tasks_list", "tasks.manage": "tasks_manage", "skills.find": "skills_find"}
+
+
+class Builtins:
+    """The handlers, over the objects they need."""
+
+    def __init__(self, store: Store, registry: Registry, rank: Callable[[str, int], list[str]]):
+        self.store = store
+        self.registry = registry
+        self.rank = rank                  # (query, limit) -> skill names, best first
+
+    async def run(self, skill: Skill, params: dict, user_id: str) -> RunResult:
+        """Run the handler `skill.builtin` within the skill's timeout; facts as a run would give them."""
+        from .errors import IasError
+        from .runner import RunResult
+        handler: Callable[[dict, str], Awaitable[dict]] = getattr(self, HANDLERS[skill.builtin])
+        started = time.monotonic()
+        stdout, stderr, code, timed_out = "", "", 0, False
+        try:
+            result = await asyncio.wait_for(handler(params, user_id), skill.timeout)
+            stdout = json.dumps(result, ensure_ascii=False)
+        except TimeoutError:
+            timed_out, code = True, None
+        except IasError as exc:            # a store error: the call failed, the model hears why
+            stderr, code = str(exc), 1
+        return RunResult(skill=skill.name, exit_code=code, stdout=stdout, stderr=stderr, timed_out=timed_out,
+                         overflowed=False, timeout=skill.timeout, duration=time.monotonic() - started,
+                         output_size=len(stdout.encode("utf-8")), started_at=started)
+
+    async def tasks_list(self, params: dict, user_id: str) -> dict:
+        tasks = await self.store.tasks(include_disabled=bool(params.get("include_disabled")))
+        return {"success": True, "tasks": [task_json(t, upcoming(t)[:1]) for t in tasks]}
+
+    async def tasks_manage(self, params: dict, user_id: str) -> dict:
+        from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
+        action = params["action"]
+        try:
+            if action == "add":
+                missing = [k for k in ("name", "schedule", "text") if not params.get(k)]
+                if missing:
+                    return _fail(f"add needs: {', '.join(missing)}")
+                task = await add_task(self.store, user_id, params["name"], params["schedule"],
+                                      params.get("kind", "reminder"), params["text"])
+                return {"success": True, "action": action, "task": task_json(task, upcoming(task))}
+            if "id" not in params:
+                return _fail(f"{action} needs the task id (see list_scheduled_tasks)")
+            task_id = params["id"]
+            if action == "delete":
+                await remove_task(self.store, task_id)
+                return {"success": True, "action": action, "task": {"removed": task_id}}
+            if action == "update":
+                changes = {k: params[k] for k in ("name", "schedule", "kind", "text") if k in params}
+                if not changes:
+                    return _fail("update needs at least one of name, schedule, kind, text")
+                task = await update_task(self.store, task_id, **changes)
+            else:
+                task = await set_enabled(self.store, task_id, action == "resume")
+        except TaskError as exc:
+            return _fail(str(exc))
+        return {"success": True, "action": action, "task": task_json(task, upcoming(task))}
+
+    async def skills_find(self, params: dict, user_id: str) -> dict:
+        limit = params.get("limit", FIND_SKILLS_DEFAULT)
+        found = []
+        for name in self.rank(str(params.get("query", "")), limit):
+            skill = self.registry.get(name)
+            if skill is not None:
+                found.append({"name": name, "description": one_line(skill.description)})
+        return {"success": True, "skills": found}
+
+
+def _fail(message: str) -> dict:
+    return {"success": False, "error": message}
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """The first line of a description, cut to `limit` characters."""
+    first = text.strip().split("\n", 1)[0].strip()
+    return first if len(first) <= limit else first[:limit - 1] + "…"
+
+
+def upcoming(task) -> list:
+    """The task's next run and the two after it, in Beijing time; none when paused or done."""
+    from .cron import TZ, describe, parse_schedule
+    if not task.enabled or task.next_run_at is None:
+        return []
+    first = task.next_run_at.astimezone(TZ)
+    return [first, *describe(parse_schedule(task.schedule, anchor=task.created_at), first, 2)]
+
+
+def task_json(task, runs: list) -> dict:
+    """A task as `ias tasks --json` and the task skills show it."""
+    return {"id": task.id, "name": task.name, "schedule": task.schedule, "kind": task.kind, "text": task.text,
+            "enabled": task.enabled, "user": task.user_id,
+            "next_runs": [t.strftime("%Y-%m-%d %H:%M:%S") for t in runs]}
