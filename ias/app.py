@@ -23,6 +23,8 @@ from .gate import Gate
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE
 from .locks import FileLock
 from .monitor import DatabaseMonitor
+from .notifiers import Fallback, configured
+from .outbox import Outbox
 from .pgcluster import Cluster
 from .router import Router
 from .runner import Runner, recover
@@ -84,16 +86,18 @@ class App:
     gate: Gate
     agent: Agent
     router: Router | None = None        # only when built with channels
+    outbox: Outbox | None = None        # likewise
 
 
 def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
           channels: Sequence[Channel] = (), primary: Channel | None = None, monitor: DatabaseMonitor | None = None,
-          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None) -> App:
+          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None, fallback: Fallback | None = None) -> App:
     """Everything `config` describes, over the opened `store`: the one place where iAs's objects are made.
 
     `llm` None: only /commands (one-off commands never import openai). `key` None: read from
     config.key_file. `now`: the agent's clock. With `channels`, a router over them that sends
-    what nobody asked for (task results, restart notes) to `primary`.
+    what nobody asked for (task results, restart notes) to `primary`, and an outbox every message to
+    the owner goes through (its clock is `now` too; `fallback` None: the notifiers config names).
     """
     skills = registry(config)
     # Skills that list them in ## Env (the task skills) reach this very database through the CLI.
@@ -103,13 +107,16 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     gate = Gate(skills, runner, store, approvals)
     agent = Agent(skills, gate, store, llm, now=now)
-    router = None
+    router = outbox = None
     if channels:
         if primary is None:
             raise ValueError("a router needs its primary channel")
-        router = Router(approvals, agent, {channel.name: channel for channel in channels}, primary,
-                        monitor=monitor, spawn=spawn)
-    return App(config, store, skills, runner, approvals, gate, agent, router)
+        by_name = {channel.name: channel for channel in channels}
+        outbox = Outbox(store, by_name, primary.name, Fallback(configured(config)) if fallback is None else fallback,
+                        expire=config.outbox_expire, fallback_after=config.fallback_after,
+                        **({"now": now} if now is not None else {}))
+        router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
+    return App(config, store, skills, runner, approvals, gate, agent, router, outbox)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -123,7 +130,8 @@ async def resolve_owner(config: Config, store: Store) -> str:
 async def wechat(config: Config, store: Store, on_stale=None):
     """The WeChat channel when logged in (environment or stored login), else None."""
     creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
-    return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale)
+    return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale, window=config.wechat_window,
+                                                    budget=config.wechat_budget)
 
 
 @asynccontextmanager
@@ -258,7 +266,10 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                 await channel.start(router.deliver)
                 supervisor.spawn(channel.watch(), f"channel {channel.name}")
             for row in leftovers:
-                await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+                await c.outbox.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}",
+                                    kind="notice")
+            c.outbox.on_store_error = store_error
+            supervisor.spawn(c.outbox.run(), "outbox")
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
