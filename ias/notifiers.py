@@ -26,7 +26,7 @@ from . import limits
 
 log = logging.getLogger(__name__)
 
-TITLE = "iAs"
+WECOM_BYTES_MAX = 2048          # a WeCom robot text message holds at most this many UTF-8 bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,8 @@ class WeComRobot(Notifier):
         self.url = url
 
     def deliver(self, notice: Notice) -> None:
-        raw = _post_json(self.url, {"msgtype": "text", "text": {"content": f"{notice.title}\n{notice.text}"}})
+        content = f"{notice.title}\n{notice.text}".encode("utf-8")[:WECOM_BYTES_MAX].decode("utf-8", "ignore")
+        raw = _post_json(self.url, {"msgtype": "text", "text": {"content": content}})
         try:
             reply = json.loads(raw or b"{}")
         except ValueError:
