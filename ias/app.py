@@ -253,6 +253,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
         await asyncio.to_thread(recover, c.runner.run_dir)
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()
+        await c.outbox.forget_unresumable()
         await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
                                                             f"channels {','.join(channels)}"))
 

@@ -14,12 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import smtplib
-import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from email.message import EmailMessage
 from typing import Mapping
 
 from . import limits
@@ -46,6 +41,7 @@ class Notifier:
 
 
 def _post_json(url: str, body: dict, headers: Mapping[str, str] | None = None) -> bytes:
+    import urllib.request       # here: commands that never notify anyone do not pay for it
     data = json.dumps(body, ensure_ascii=False).encode("utf-8")
     request = urllib.request.Request(url, data=data, method="POST",
                                      headers={"Content-Type": "application/json; charset=utf-8", **(headers or {})})
@@ -100,6 +96,9 @@ class Email(Notifier):
         self.password = environ.get("IAS_SMTP_PASSWORD", "")
 
     def deliver(self, notice: Notice) -> None:
+        import smtplib
+        import ssl
+        from email.message import EmailMessage
         if not self.host:
             raise ValueError("IAS_NOTIFY_EMAIL is set but IAS_SMTP_HOST is not")
         message = EmailMessage()
@@ -152,7 +151,7 @@ class Fallback:
             for attempt in range(1, self.attempts + 1):
                 try:
                     await asyncio.to_thread(notifier.deliver, notice)
-                except (OSError, ValueError, smtplib.SMTPException, urllib.error.URLError) as exc:
+                except Exception as exc:        # any failure of one notifier (OSError, HTTPException, a refusal …)
                     log.warning("fallback %s: attempt %d of %d failed: %s", notifier.name, attempt, self.attempts,
                                 exc)
                     if attempt == self.attempts:

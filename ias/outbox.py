@@ -18,9 +18,10 @@ it in memory until the owner writes (the fallback notifiers get a notice without
 The window keeper (`tick`) spends one message per window asking the owner to write when a
 task is due after the window would close.
 
-Not handled: several owners with different channels for one message (each row has one
-channel), and a crash between a part's request and its `sent` mark (the part is sent again
-after the restart, under the same client_id, which the service may use to drop the repeat).
+A crash between a part's request and its `sent` mark: a WeChat part is sent again after the
+restart under the same client_id (which the service may use to drop the repeat); what was
+queued for the console (a terminal session that is gone) is dropped at start.
+Not handled: one message over several channels (each row has one channel).
 """
 from __future__ import annotations
 
@@ -198,6 +199,15 @@ class Outbox:
             return []
         text = EXPIRED_NOTICE.format(count=count, span=span(self.expire))
         return await self.store.enqueue(user_id, channel, "notice", [(text, f"ias-{uuid.uuid4().hex}.1")], now, now)
+
+    async def forget_unresumable(self) -> int:
+        """At start: what a past process queued for a channel that is not resumable (the console: that
+        terminal session is gone, and a part it printed just before dying would print again) is dropped."""
+        names = [name for name, channel in self.channels.items() if not channel.resumable]
+        dropped = await self.store.drop_queued(names, self.now()) if names else []
+        if dropped:
+            log.info("outbox: dropped %d parts queued for %s by a previous process", len(dropped), ", ".join(names))
+        return len(dropped)
 
     # -- the owner writes ---------------------------------------------------------------------
     async def inbound(self, user_id: str, channel: str, text: str) -> bool:

@@ -64,9 +64,7 @@ class Router:
             if answer is not None:
                 await self.outbox.send(message.user_id, answer, channel.name)
                 return
-            reply = await self.turn(message.user_id, message.text, channel)
-            if reply:
-                await self.outbox.send(message.user_id, reply, channel.name)
+            await self.turn(message.user_id, message.text, channel, answer=True)
         except asyncio.CancelledError:
             raise
         except StoreError as exc:
@@ -78,8 +76,9 @@ class Router:
             log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
             await _answer(channel, message.user_id, FAILED)
 
-    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
-        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`."""
+    async def turn(self, user_id: str, text: str, channel: Channel, *, answer: bool = False) -> str:
+        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`,
+        and with `answer` the reply too, queued before their next turn starts (so replies keep their order)."""
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
@@ -88,7 +87,10 @@ class Router:
             return await self.outbox.urgent(user_id, channel.name, message, skill.group(1) if skill else "?",
                                             self.approvals.timeout)
         async with self._turns.hold(user_id):
-            return await self.agent.turn(user_id, text, notify)
+            reply = await self.agent.turn(user_id, text, notify)
+            if answer and reply:
+                await self.outbox.send(user_id, reply, channel.name)
+            return reply
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.

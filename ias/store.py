@@ -722,6 +722,14 @@ class Store:
             ids = [row["id"] for row in await cur.fetchall()]
         return await self.settle(ids, "expired", now, "expired") if ids else []
 
+    async def drop_queued(self, channels: list[str], now: datetime) -> list[OutboxRow]:
+        """At start: parts queued for these channels (a past terminal session) end as expired, untold."""
+        async with self._conn() as conn:
+            cur = await conn.execute("UPDATE outbox SET noticed = true WHERE state = 'queued' AND channel = ANY(%s) "
+                                     "RETURNING id", (channels,))
+            ids = [row["id"] for row in await cur.fetchall()]
+        return await self.settle(ids, "expired", now, "restart") if ids else []
+
     async def take_expired_notice(self, user_id: str) -> int:
         """How many of the user's messages expired since they were last told (and mark them told)."""
         async with self._conn() as conn:

@@ -13,12 +13,13 @@ from ias.cron import TZ
 from ias.ilink import Credentials
 from ias.llm import LLM
 from ias.notifiers import Email, Fallback, WeComRobot, Webhook
+from ias.outbox import Outbox
 from ias.scheduler import Scheduler, add_task
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, text
 from tests.servers.mail import SMTPServer
 from tests.servers.webhook import WebhookServer, WeComServer
-from tests.support import REPO, GateTestCase, capture_logs, until
+from tests.support import REPO, FakeChannel, GateTestCase, capture_logs, until
 
 KEEPER = "回复任意内容，微信才允许我按时发送。"
 DAY1 = datetime(2026, 3, 2, 5, 0, tzinfo=TZ)        # a Monday, Beijing time
@@ -275,6 +276,22 @@ class FallbackTest(OutboxTestCase):
         self.assertEqual(self.sql("SELECT reason FROM outbox WHERE state = 'queued'"), [("window",)])
         await self.owner_writes("/help", answers=1)                 # a new window: the queued part goes first
         self.assertIn("一", texts(self.ilink))
+
+
+class RestartTest(OutboxTestCase):
+    async def test_what_waits_for_wechat_survives_a_restart_and_console_leftovers_are_dropped(self):
+        console = FakeChannel("console", deliver=False)
+        outbox = Outbox(self.store, {"wechat": self.channel, "console": console}, "wechat", now=self.clock.now)
+        self.assertEqual(await outbox.send(self.ilink.owner, "给微信"), "queued")           # no window yet
+        self.assertEqual(await outbox.send("owner", "给终端", "console"), "queued")          # printing failed
+        console.deliver = True
+        after = Outbox(self.store, {"wechat": self.channel, "console": console}, "wechat", now=self.clock.now)
+        self.assertEqual(await after.forget_unresumable(), 1)
+        self.assertEqual([row.text for row in await self.store.queued()], ["给微信"])
+        self.assertEqual(self.sql("SELECT state, reason, noticed FROM outbox WHERE channel = 'console'"),
+                         [("expired", "restart", True)])
+        await after.tick()
+        self.assertEqual(console.sent, [("owner", "给终端")])         # only the first, failed attempt
 
 
 class CommandTest(OutboxTestCase):

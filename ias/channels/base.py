@@ -27,6 +27,7 @@ class Channel(ABC):
 
     name: str = "channel"
     text_max: int | None = None         # characters per message; longer texts are split by the outbox
+    resumable = False                   # whether what was queued for it is still worth sending after a restart
 
     async def room(self, user_id: str) -> tuple[int | None, str | None]:
         """How many messages `user_id` can be sent right now (None: no limit), and why not more."""

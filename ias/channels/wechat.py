@@ -91,6 +91,7 @@ class WeChatChannel(Channel):
     name = CHANNEL
     text_max = limits.WECHAT_TEXT_MAX
     budget_note = BUDGET_NOTE
+    resumable = True
 
     def __init__(self, store, credentials: Credentials, *, now: Callable[[], float] = time.time,
                  on_stale: Callable[[str], Awaitable[None]] | None = None,
