@@ -278,6 +278,37 @@ class FallbackTest(OutboxTestCase):
         self.assertIn("一", texts(self.ilink))
 
 
+class BudgetTest(OutboxTestCase):
+    async def spend(self, count: int):
+        for i in range(count):
+            self.assertEqual(await self.outbox.send(self.ilink.owner, f"消息{i}"), "delivered")
+
+    async def test_a_two_part_reply_with_one_message_left_waits_whole_for_the_owner(self):
+        await self.start()
+        await self.owner_writes("/help")
+        await self.spend(6)                                         # 7 of 8 spent
+        long = "甲" * 4000 + "\n" + "乙" * 10
+        self.assertEqual(await self.outbox.send(self.ilink.owner, long), "queued")
+        self.assertEqual(texts(self.ilink)[-1], BUDGET_NOTE)
+        self.assertEqual([r.reason for r in await self.store.queued()], ["budget", "budget"])
+        await self.owner_writes("继续", answers=2)
+        await self.owner_writes("/help")
+        self.assertEqual(texts(self.ilink)[-3:-1], ["甲" * 4000, "乙" * 10])      # 继续 only continued: no answer
+
+    async def test_the_window_keeper_spends_the_last_message_once_when_a_task_is_due(self):
+        await self.start()
+        await self.owner_writes("/help")
+        await self.outbox.tick()
+        await add_task(self.store, self.ilink.owner, "开会", "2026-03-02 09:30", "reminder", "该开会了", now=DAY1)
+        await self.outbox.tick()
+        self.assertEqual([t for t in texts(self.ilink) if KEEPER in t], [])         # plenty of room, window open
+        await self.spend(6)
+        await self.outbox.tick()
+        await self.outbox.tick()
+        self.assertEqual([t for t in texts(self.ilink) if KEEPER in t], [f"今天 09:30 有提醒「开会」：{KEEPER}"])
+        self.assertEqual(self.outbox.keeper_asks, 1)
+
+
 class RestartTest(OutboxTestCase):
     async def test_what_waits_for_wechat_survives_a_restart_and_console_leftovers_are_dropped(self):
         console = FakeChannel("console", deliver=False)
