@@ -164,6 +164,10 @@ class Outbox:
         now = self.now()
         if rows[0].next_try_at is not None and rows[0].next_try_at > now:
             return                              # the oldest waits for its retry; the rest keep their order
+        if self.fallback and not channel.can_confirm():
+            rows = await self._unread(rows)     # nobody reads this channel (a console without a terminal)
+            if not rows:
+                return
         room, why = await channel.room(user_id)
         if room is None or room > 0:
             rows = rows + await self._expired_notice(user_id, name, now)
@@ -192,6 +196,18 @@ class Outbox:
                 await self.store.note_failure(row.id, "send failed", now + timedelta(seconds=delay))
                 await self.store.note_waiting(rest[1:], "behind a failed part")
                 return
+
+    async def _unread(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """Reminders and task results for a channel nobody reads go to the fallback at once (and are still
+        written there, for the log); returns the rows left for the channel alone."""
+        left = []
+        for row in rows:
+            if row.kind in FALLBACK_KINDS and await self.fallback.send(TITLES[row.kind], row.text, row.kind):
+                await self.store.settle([row.id], "fallback", self.now(), "fallback")
+                await self.channels[row.channel].post(row.user_id, row.text, row.client_id)
+            else:
+                left.append(row)
+        return left
 
     async def _expired_notice(self, user_id: str, channel: str, now: datetime) -> list[OutboxRow]:
         count = await self.store.take_expired_notice(user_id)

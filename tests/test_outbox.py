@@ -2,12 +2,14 @@
 across restarts, a High call from a task while the window is shut, and the fallback notifiers
 against local SMTP and webhook receivers."""
 import asyncio
+import io
 import json
 import re
 import subprocess
 import sys
 from datetime import datetime, timedelta
 
+from ias.channels.console import ConsoleChannel
 from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
 from ias.cron import TZ
 from ias.ilink import Credentials
@@ -307,6 +309,22 @@ class BudgetTest(OutboxTestCase):
         await self.outbox.tick()
         self.assertEqual([t for t in texts(self.ilink) if KEEPER in t], [f"今天 09:30 有提醒「开会」：{KEEPER}"])
         self.assertEqual(self.outbox.keeper_asks, 1)
+
+
+class ConsoleTest(OutboxTestCase):
+    async def test_without_a_terminal_or_wechat_reminders_go_to_the_fallback_and_everything_is_recorded(self):
+        out = io.StringIO()
+        console = ConsoleChannel("owner", stdin=io.StringIO(""), stdout=out, interactive=False)
+        outbox = Outbox(self.store, {"console": console}, "console", self.fallback, now=self.clock.now)
+        task = await add_task(self.store, "owner", "喝水", "0 7 * * *", "reminder", "该喝水了", now=DAY1)
+        run_id = self.sql("INSERT INTO task_runs (task_id, slot) VALUES (%s, %s) RETURNING id", (task.id, DAY1))[0][0]
+        await outbox.send("owner", "该喝水了", kind="reminder", run_id=run_id)
+        self.assertEqual(await outbox.send("owner", "一条回答"), "delivered")
+        self.assertEqual(self.fallback_texts(), ["该喝水了"])
+        self.assertEqual(out.getvalue(), "该喝水了\n一条回答\n")          # the log still shows both
+        self.assertEqual(self.sql("SELECT kind, state FROM outbox ORDER BY id"),
+                         [("reminder", "fallback"), ("reply", "sent")])
+        self.assertEqual(self.task_runs(task.id)[0].delivery, "fallback")
 
 
 class RestartTest(OutboxTestCase):
