@@ -286,6 +286,10 @@ async def cmd_doctor(config) -> int:
                      else f"WeChat, owner {config.wechat_owner or wx.owner}")
             else:
                 line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
+            from .notifiers import configured
+            fallbacks = ", ".join(n.name for n in configured(config)) or "none (see README, Messages that arrive)"
+            line(True if configured(config) else None, "outbox",
+                 f"{len(await store.queued())} messages queued; fallback: {fallbacks}")
     except IasError as exc:
         line(False, "database", str(exc))
     async with open_llm(config) as llm:
