@@ -73,7 +73,7 @@ WECHAT_QR_POLL_ERRORS_MAX = 5       # failed QR status polls in a row (not timeo
 WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
 WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
 WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish
-WECHAT_WINDOW_LEARN_MIN = 3600.0    # seconds; a ret=-2 this soon after the owner's message is rate limiting, not the window
+WECHAT_WINDOW_LEARN_MIN = 6 * 3600.0  # seconds; a ret=-2 sooner after the owner's message is taken as rate limiting, not the window
 WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send that the learned window is set to
 
 # Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings)

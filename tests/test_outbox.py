@@ -343,6 +343,22 @@ class RestartTest(OutboxTestCase):
         self.assertEqual(console.sent, [("owner", "给终端")])         # only the first, failed attempt
 
 
+class RateLimitTest(OutboxTestCase):
+    async def test_ret_minus_2_soon_after_the_owners_message_is_retried_not_learned(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.clock.at += timedelta(hours=1)
+        self.ilink.send_replies = [{"ret": -2, "errmsg": "rate limited"}]
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "一"), "queued")
+        [row] = await self.store.queued()
+        self.assertEqual((row.reason, row.attempts), ("send failed", 1))
+        self.assertEqual(await self.channel.room(self.ilink.owner), (7, None))
+        self.clock.at += timedelta(minutes=1)
+        await self.outbox.tick()
+        self.assertEqual(texts(self.ilink)[-2:], ["一", "一"])          # the retry, under the same client_id
+        self.assertEqual(self.ilink.sent[-1]["client_id"], self.ilink.sent[-2]["client_id"])
+
+
 class CommandTest(OutboxTestCase):
     async def test_outbox_and_tasks_list_show_what_waits_and_how_tasks_were_delivered(self):
         task = await add_task(self.store, "owner", "喝水", "0 7 * * *", "reminder", "该喝水了", now=DAY1)

@@ -308,7 +308,7 @@ class WeChatChannel(Channel):
             outcome = await self._request(user_id, text, peer, client_id)
             if outcome == SENT:
                 peer.sent += 1
-            elif outcome == SHUT:
+            elif outcome == SHUT and not self.stale:
                 age = self._now() - (peer.last_inbound or 0)
                 if age < limits.WECHAT_WINDOW_LEARN_MIN:
                     return FAILED           # so soon after their message: rate limiting, try again later
