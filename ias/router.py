@@ -49,6 +49,11 @@ class Router:
         """How many users have a turn running or waiting (none once every turn has ended)."""
         return len(self._turns)
 
+    @property
+    def dispatching(self) -> int:
+        """How many inbound messages are being handled right now."""
+        return len(self._tasks)
+
     async def dispatch(self, message: Inbound) -> None:
         """Handle one message; never raises (a failure is logged and the owner told briefly)."""
         channel = self.channels[message.channel]

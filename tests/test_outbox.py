@@ -85,6 +85,7 @@ class OutboxTestCase(GateTestCase):
         count = len(self.ilink.sent)
         self.ilink.message(message)
         await until(lambda: len(self.ilink.sent) >= count + answers)
+        await until(lambda: self.router.dispatching == 0)          # and its bookkeeping is done
 
     def fallback_texts(self) -> list[str]:
         return [body["text"] for body in self.hook.bodies()]
