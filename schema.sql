@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -141,5 +141,30 @@ CREATE TABLE IF NOT EXISTS task_runs (
     status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'ok', 'error')),
     reply       text,
     error       text,
-    UNIQUE (task_id, slot)
+    UNIQUE (task_id, slot),
+    -- how its message reached the owner, apart from how it ran (NULL: nothing to deliver yet)
+    delivery    text CHECK (delivery IN ('delivered', 'queued', 'fallback', 'expired'))
 );
+
+-- Every message to the owner, written before it is delivered: queued -> sent | fallback | expired.
+-- One row per part (a long text is split), each with the client_id it is always sent with, so a
+-- part is never sent twice across restarts. Confirmation codes never enter this table.
+CREATE TABLE IF NOT EXISTS outbox (
+    id          bigserial PRIMARY KEY,
+    user_id     text NOT NULL,
+    channel     text NOT NULL,
+    kind        text NOT NULL CHECK (kind IN ('reply', 'reminder', 'task', 'notice')),
+    text        text NOT NULL,
+    client_id   text NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL,
+    due_at      timestamptz NOT NULL,
+    state       text NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'sent', 'fallback', 'expired')),
+    attempts    integer NOT NULL DEFAULT 0,
+    reason      text,                           -- why it waits (window, budget, error …) or how it ended
+    next_try_at timestamptz,                    -- after a transient error: not before then
+    done_at     timestamptz,
+    noticed     boolean NOT NULL DEFAULT false, -- expired, and the owner was told so
+    task_run_id bigint REFERENCES task_runs (id) ON DELETE SET NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_queued ON outbox (user_id, id) WHERE state = 'queued';
+CREATE INDEX IF NOT EXISTS outbox_run ON outbox (task_run_id) WHERE task_run_id IS NOT NULL;

@@ -24,6 +24,8 @@ from .gate import Gate
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
 from .locks import FileLock
 from .monitor import DatabaseMonitor
+from .notifiers import Fallback, configured
+from .outbox import Outbox
 from .pgcluster import Cluster
 from .ranker import Catalog
 from .router import Router
@@ -86,16 +88,18 @@ class App:
     gate: Gate
     agent: Agent
     router: Router | None = None        # only when built with channels
+    outbox: Outbox | None = None        # likewise
 
 
 def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
           channels: Sequence[Channel] = (), primary: Channel | None = None, monitor: DatabaseMonitor | None = None,
-          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None) -> App:
+          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None, fallback: Fallback | None = None) -> App:
     """Everything `config` describes, over the opened `store`: the one place where iAs's objects are made.
 
     `llm` None: only /commands (one-off commands never import openai). `key` None: read from
     config.key_file. `now`: the agent's clock. With `channels`, a router over them that sends
-    what nobody asked for (task results, restart notes) to `primary`.
+    what nobody asked for (task results, restart notes) to `primary`, and an outbox every message to
+    the owner goes through (its clock is `now` too; `fallback` None: the notifiers config names).
     """
     skills = registry(config)
     # No database URL reaches a skill, even one naming it in ## Env: the task skills are built in.
@@ -107,13 +111,16 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
-    router = None
+    router = outbox = None
     if channels:
         if primary is None:
             raise ValueError("a router needs its primary channel")
-        router = Router(approvals, agent, {channel.name: channel for channel in channels}, primary,
-                        monitor=monitor, spawn=spawn)
-    return App(config, store, skills, runner, approvals, gate, agent, router)
+        by_name = {channel.name: channel for channel in channels}
+        outbox = Outbox(store, by_name, primary.name, Fallback(configured(config)) if fallback is None else fallback,
+                        expire=config.outbox_expire, fallback_after=config.fallback_after,
+                        **({"now": now} if now is not None else {}))
+        router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
+    return App(config, store, skills, runner, approvals, gate, agent, router, outbox)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -127,7 +134,8 @@ async def resolve_owner(config: Config, store: Store) -> str:
 async def wechat(config: Config, store: Store, on_stale=None):
     """The WeChat channel when logged in (environment or stored login), else None."""
     creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
-    return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale)
+    return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale, window=config.wechat_window,
+                                                    budget=config.wechat_budget)
 
 
 @asynccontextmanager
@@ -249,6 +257,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
         await asyncio.to_thread(recover, c.runner.run_dir)
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()
+        await c.outbox.forget_unresumable()
         await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
                                                             f"channels {','.join(channels)}"))
 
@@ -262,7 +271,10 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                 await channel.start(router.deliver)
                 supervisor.spawn(channel.watch(), f"channel {channel.name}")
             for row in leftovers:
-                await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+                await c.outbox.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}",
+                                    kind="notice")
+            c.outbox.on_store_error = store_error
+            supervisor.spawn(c.outbox.run(), "outbox")
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")

@@ -41,7 +41,9 @@ MAX_ATTEMPTS = 3                 # also the schema default of attempts_left
 CODE_RE = re.compile(r"[0-9]{6}")
 CANCEL_WORDS = ("0", "取消")
 
-Notify = Callable[[str], Awaitable[bool]]     # send a text to the owner; False = not delivered
+# Send a text to the owner: True (delivered), False (cannot be), or an asyncio.Event set once a message
+# held back (window shut) went out; the approval then waits its normal timeout for it.
+Notify = Callable[[str], Awaitable["bool | asyncio.Event"]]
 
 
 def load_key(path: Path) -> bytes:
@@ -326,7 +328,8 @@ class Approvals:
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter.done), remaining)
             except asyncio.TimeoutError:
-                return await self._close(waiter, "expired", "timeout")
+                held_back = isinstance(delivered, asyncio.Event) and not delivered.is_set()
+                return await self._close(waiter, "expired", "delivery_failed" if held_back else "timeout")
         finally:
             if self._waiting.get(user_id) is waiter:
                 del self._waiting[user_id]

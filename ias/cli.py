@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("id", type=_count)
         t.add_argument("--json", action="store_true")
 
+    outbox = sub.add_parser("outbox", help="messages to the owner still queued, with why they wait")
+    outbox.add_argument("--all", action="store_true", help="recent messages in every state")
+
     wx = sub.add_parser("wechat", help="WeChat (iLink) login and its state")
     wx.add_argument("action", choices=["login", "status", "logout"])
 
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_run(config, args.name, args.params))
         if args.command == "approvals":
             return asyncio.run(cmd_approvals(config, args.all))
+        if args.command == "outbox":
+            return asyncio.run(cmd_outbox(config, args.all))
         if args.command == "audit":
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
         if args.command == "tasks":
@@ -232,6 +237,20 @@ async def cmd_approvals(config, include_closed: bool) -> int:
     return 0
 
 
+async def cmd_outbox(config, include_done: bool) -> int:
+    from .app import open_store
+    async with open_store(config) as store:
+        rows = await store.outbox_rows(include_done)
+    if not rows:
+        print("nothing queued" if not include_done else "no messages")
+    for row in rows:
+        preview = " ".join(row.text.split())
+        preview = preview[:40] + ("…" if len(preview) > 40 else "")
+        print(f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.state:<8}  {row.kind:<8}  {row.channel:<7}  "
+              f"attempts={row.attempts}  reason={row.reason or '-'}  {row.client_id}  {preview}")
+    return 0
+
+
 async def cmd_audit(config, limit: int, verify: bool) -> int:
     from .app import open_store
     from .audit import format_row, verify as verify_chain
@@ -284,6 +303,10 @@ async def cmd_doctor(config) -> int:
                      else f"WeChat, owner {config.wechat_owner or wx.owner}")
             else:
                 line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
+            from .notifiers import configured
+            fallbacks = ", ".join(n.name for n in configured(config)) or "none (see README, Messages that arrive)"
+            line(True if configured(config) else None, "outbox",
+                 f"{len(await store.queued())} messages queued; fallback: {fallbacks}")
     except IasError as exc:
         line(False, "database", str(exc))
     async with open_llm(config) as llm:
@@ -330,14 +353,17 @@ async def cmd_tasks(config, args) -> int:
         try:
             if args.action == "list":
                 tasks = await store.tasks(include_disabled=args.all)
+                delivery = await store.last_deliveries()
                 if args.json:
-                    print(json.dumps([_task_json(t, upcoming(t)[:1]) for t in tasks], ensure_ascii=False, indent=1))
+                    print(json.dumps([{**_task_json(t, upcoming(t)[:1]), "last_delivery": delivery.get(t.id)}
+                                      for t in tasks], ensure_ascii=False, indent=1))
                 elif not tasks:
                     print("no tasks" if args.all else "no enabled tasks (see --all)")
                 for t in tasks if not args.json else ():
                     nxt = upcoming(t)[:1]
                     state = f"next {nxt[0]:%Y-%m-%d %H:%M}" if nxt else ("paused" if t.next_run_at is None else "done")
-                    print(f"{t.id:>4}  {t.kind:<8}  {t.schedule:<18}  {state:<22}  {t.name}: {t.text}")
+                    last = f"last {delivery[t.id]}" if t.id in delivery else "last -"
+                    print(f"{t.id:>4}  {t.kind:<8}  {t.schedule:<18}  {state:<22}  {last:<15}  {t.name}: {t.text}")
                 return 0
             if args.action == "add":
                 user = args.user or await resolve_owner(config, store)

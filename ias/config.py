@@ -24,11 +24,19 @@ _SETTINGS = {
     "wechat_base_url": ("IAS_WECHAT_BASE_URL", str),
     "wechat_owner": ("IAS_WECHAT_OWNER", str),
     "skills_dir": ("IAS_SKILLS_DIR", str),
-    "max_tools": ("IAS_MAX_TOOLS", (1, MAX_TOOLS_CEILING)),          # whole numbers in this range
-    "tools_bytes": ("IAS_TOOLS_BYTES", (TOOLS_BYTES_MIN, 1024 * 1024)),
+    "max_tools": ("IAS_MAX_TOOLS", (int, 1, MAX_TOOLS_CEILING)),
+    "tools_bytes": ("IAS_TOOLS_BYTES", (int, TOOLS_BYTES_MIN, 1024 * 1024)),
+    "wechat_window": ("IAS_WECHAT_WINDOW", (float, 60, 86400)),
+    "wechat_budget": ("IAS_WECHAT_BUDGET", (int, 2, 100)),
+    "outbox_expire": ("IAS_OUTBOX_EXPIRE", (float, 60, 90 * 86400)),
+    "fallback_after": ("IAS_FALLBACK_AFTER", (float, 0, 7 * 86400)),
+    "notify_email": ("IAS_NOTIFY_EMAIL", str),
+    "notify_wecom_url": ("IAS_NOTIFY_WECOM_URL", str),
+    "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
 }
 # Never read from ias.toml: a config file is too easily committed or shared.
-_SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN"}
+_SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
+            "notify_webhook_token": "IAS_NOTIFY_WEBHOOK_TOKEN"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,14 @@ class Config:
     wechat_base_url: str | None = None      # None: the stored login's, else https://ilinkai.weixin.qq.com
     wechat_token: str | None = None
     wechat_owner: str | None = None
+    wechat_window: float = 82800.0          # seconds after the owner's last message in which WeChat sends are tried
+    wechat_budget: int = 8                  # bot messages per owner message, the last being "reply to continue"
+    outbox_expire: float = 259200.0         # seconds a queued message may wait before it expires
+    fallback_after: float = 600.0           # seconds past its due time before a reminder/task result goes to the fallback
+    notify_email: str | None = None
+    notify_wecom_url: str | None = None
+    notify_webhook_url: str | None = None
+    notify_webhook_token: str | None = None
     skills_dir: Path = REPO_ROOT / "skills"
     system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()
@@ -72,14 +88,17 @@ def absolute(path: str | os.PathLike) -> Path:
 
 
 def _convert(name: str, value, kind):
-    if isinstance(kind, tuple):
-        low, high = kind
+    if isinstance(kind, tuple):         # (int or float, lowest, highest)
+        number_type, low, high = kind
         try:
-            number = int(value.strip()) if isinstance(value, str) else value
-        except ValueError:
-            number = None
-        if not isinstance(number, int) or isinstance(number, bool) or not low <= number <= high:
-            raise ConfigError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+            number = number_type(value)
+            if isinstance(value, bool) or (number_type is int and isinstance(value, float) and value != number):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{name} must be {'an integer' if number_type is int else 'a number'}, "
+                              f"got {value!r}") from None
+        if not low <= number <= high:
+            raise ConfigError(f"{name} must be between {low} and {high}, got {value!r}")
         return number
     if kind is float:
         try:

@@ -80,6 +80,18 @@ WECHAT_QR_POLL_ERRORS_MAX = 5       # failed QR status polls in a row (not timeo
 WECHAT_RESPONSE_MAX = 4 * 1024 * 1024   # bytes of one HTTP response body
 WECHAT_HEADERS_MAX = 100            # header lines of one HTTP response
 WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks to finish
+WECHAT_WINDOW_LEARN_MIN = 6 * 3600.0  # seconds; a ret=-2 sooner after the owner's message is taken as rate limiting, not the window
+WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send that the learned window is set to
+
+# Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings)
+OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)
+OUTBOX_RETRY_FIRST = 30.0           # seconds before retrying a part after a transient error; doubled per attempt
+OUTBOX_RETRY_MAX = 1800.0           # seconds between retries at most
+KEEPER_LEAD = 3 * 3600.0            # seconds before the window closes that the keeper asks the owner to write
+NOTIFY_TIMEOUT = 15.0               # seconds per fallback request (HTTP or SMTP)
+NOTIFY_ATTEMPTS = 3                 # tries per fallback notifier before the failure is recorded
+NOTIFY_RETRY_DELAY = 2.0            # seconds between those tries
+NOTIFY_TEXT_MAX = 4000              # characters of one fallback message
 
 # Embedded PostgreSQL
 CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to start or stop

@@ -145,7 +145,34 @@ CREATE TABLE task_runs (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL,)
+# Version 2: the outbox (every message to the owner, written before it is delivered) and the
+# delivery of each task run, recorded apart from its execution.
+_OUTBOX = """
+CREATE TABLE outbox (
+    id          bigserial PRIMARY KEY,
+    user_id     text NOT NULL,
+    channel     text NOT NULL,
+    kind        text NOT NULL CHECK (kind IN ('reply', 'reminder', 'task', 'notice')),
+    text        text NOT NULL,
+    client_id   text NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL,
+    due_at      timestamptz NOT NULL,
+    state       text NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'sent', 'fallback', 'expired')),
+    attempts    integer NOT NULL DEFAULT 0,
+    reason      text,
+    next_try_at timestamptz,
+    done_at     timestamptz,
+    noticed     boolean NOT NULL DEFAULT false,
+    task_run_id bigint REFERENCES task_runs (id) ON DELETE SET NULL
+);
+CREATE INDEX outbox_queued ON outbox (user_id, id) WHERE state = 'queued';
+CREATE INDEX outbox_run ON outbox (task_run_id) WHERE task_run_id IS NOT NULL;
+
+ALTER TABLE task_runs ADD COLUMN delivery text
+    CHECK (delivery IN ('delivered', 'queued', 'fallback', 'expired'));
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Callable, Coroutine
 
 from .agent import Agent
@@ -16,10 +17,12 @@ from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
 from .locks import UserLocks
+from .outbox import Outbox
 
 log = logging.getLogger(__name__)
 
 FAILED = "抱歉，处理这条消息时出错了，请稍后再试。"
+SKILL_LINE = re.compile(r"^技能：(.*)$", re.M)        # the confirmation message's own (code-rendered) skill line
 NOTHING_PENDING = "当前没有等待确认的操作。"
 DB_DOWN = "数据库暂时不可用，请稍后再试。"
 
@@ -27,8 +30,8 @@ DB_DOWN = "数据库暂时不可用，请稍后再试。"
 class Router:
     """Dispatches inbound messages from every channel; replies go back on the channel they came from."""
 
-    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], primary: Channel, *,
-                 monitor=None, spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
+    def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], primary: Channel,
+                 outbox: Outbox, *, monitor=None, spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
         if channels.get(primary.name) is not primary:
             raise ValueError(f"the primary channel {primary.name!r} is not one of the channels")
         self.approvals = approvals
@@ -36,6 +39,7 @@ class Router:
         self.channels = channels
         self.primary = primary        # where messages nobody asked for go (task results, restart notes)
         self.monitor = monitor        # the DatabaseMonitor, in the daemon
+        self.outbox = outbox          # every message to the owner goes through it
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
         self._turns = UserLocks()
         self._tasks: set[asyncio.Task] = set()
@@ -45,6 +49,11 @@ class Router:
         """How many users have a turn running or waiting (none once every turn has ended)."""
         return len(self._turns)
 
+    @property
+    def dispatching(self) -> int:
+        """How many inbound messages are being handled right now."""
+        return len(self._tasks)
+
     async def dispatch(self, message: Inbound) -> None:
         """Handle one message; never raises (a failure is logged and the owner told briefly)."""
         channel = self.channels[message.channel]
@@ -52,15 +61,15 @@ class Router:
             await _answer(channel, message.user_id, DB_DOWN)
             return
         try:
+            if await self.outbox.inbound(message.user_id, message.channel, message.text):
+                return                  # it released a held confirmation message, or only said 继续
             answer = await self.approvals.redeem(message.user_id, message.text)
             if answer is None and parse_reply(message.text) == "code":
                 answer = NOTHING_PENDING
             if answer is not None:
-                await channel.send(message.user_id, answer)
+                await self.outbox.send(message.user_id, answer, channel.name)
                 return
-            reply = await self.turn(message.user_id, message.text, channel)
-            if reply:
-                await channel.send(message.user_id, reply)
+            await self.turn(message.user_id, message.text, channel, answer=True)
         except asyncio.CancelledError:
             raise
         except StoreError as exc:
@@ -72,22 +81,32 @@ class Router:
             log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
             await _answer(channel, message.user_id, FAILED)
 
-    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
-        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`."""
-        async def notify(message: str) -> bool:
+    async def turn(self, user_id: str, text: str, channel: Channel, *, answer: bool = False) -> str:
+        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`,
+        and with `answer` the reply too, queued before their next turn starts (so replies keep their order)."""
+        async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
                 return False
-            return await channel.send(user_id, message)
+            skill = SKILL_LINE.search(message)
+            return await self.outbox.urgent(user_id, channel.name, message, skill.group(1) if skill else "?",
+                                            self.approvals.timeout)
         async with self._turns.hold(user_id):
-            return await self.agent.turn(user_id, text, notify)
+            reply = await self.agent.turn(user_id, text, notify)
+            if answer and reply:
+                await self.outbox.send(user_id, reply, channel.name)
+            return reply
 
-    async def run_task(self, task) -> str:
-        """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent."""
+    async def run_task(self, task, run_id: int | None = None) -> str:
+        """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
+
+        Sent through the outbox: what the channel cannot take now waits there (and may go to the
+        fallback notifiers); the run's delivery column says which.
+        """
         text = task.text if task.kind == "reminder" else await self.turn(
             task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary)
-        if not await self.primary.send(task.user_id, text):
-            raise RuntimeError(f"the {self.primary.name} channel could not deliver the message")
+        await self.outbox.send(task.user_id, text, self.primary.name, "reminder" if task.kind == "reminder" else "task",
+                               due=task.next_run_at, run_id=run_id)
         return text
 
     async def deliver(self, message: Inbound) -> None:

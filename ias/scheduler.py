@@ -22,7 +22,7 @@ from .store import Store, Task
 
 log = logging.getLogger(__name__)
 
-Execute = Callable[[Task], Awaitable[str]]      # runs one task, returns what was sent to the owner
+Execute = Callable[[Task, int], Awaitable[str]]     # runs one task (and its run id), returns what was sent to the owner
 OnStoreError = Callable[[StoreError], Awaitable[None]]
 
 
@@ -72,7 +72,7 @@ class Scheduler:
 
     async def _run(self, task: Task, run_id: int) -> None:
         try:
-            reply = await self.execute(task)
+            reply = await self.execute(task, run_id)
         except asyncio.CancelledError:
             await asyncio.shield(self._finish(run_id, "error", error="cancelled (daemon stopping)"))
             raise

@@ -98,3 +98,45 @@ class LoadTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DeliverySettingsTest(unittest.TestCase):
+    """The WeChat window and budget, the outbox's expiry and fallback delay, and the fallback notifiers."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory(prefix="ias-config-")
+        self.addCleanup(tmp.cleanup)
+        self.toml = Path(tmp.name) / "ias.toml"
+
+    def test_defaults_are_todays_values(self):
+        self.toml.write_text("", encoding="utf-8")
+        config = load(self.toml, environ={})
+        self.assertEqual((config.wechat_window, config.wechat_budget, config.outbox_expire, config.fallback_after),
+                         (82800.0, 8, 259200.0, 600.0))
+        self.assertEqual((config.notify_email, config.notify_wecom_url, config.notify_webhook_url), (None,) * 3)
+
+    def test_ias_toml_and_the_environment_which_wins(self):
+        self.toml.write_text('wechat_window = 72000\nwechat_budget = 6\noutbox_expire = 86400\n'
+                             'notify_email = "me@example.com"\n', encoding="utf-8")
+        config = load(self.toml, environ={"IAS_WECHAT_BUDGET": "5", "IAS_FALLBACK_AFTER": "0",
+                                          "IAS_NOTIFY_WEBHOOK_TOKEN": "t0k"})
+        self.assertEqual((config.wechat_window, config.wechat_budget, config.outbox_expire, config.fallback_after),
+                         (72000.0, 5, 86400.0, 0.0))
+        self.assertEqual((config.notify_email, config.notify_webhook_token), ("me@example.com", "t0k"))
+
+    def test_bad_values_are_one_clear_error(self):
+        for var, value, words in (("IAS_WECHAT_BUDGET", "1.5", "must be an integer"),
+                                  ("IAS_WECHAT_BUDGET", "1", "between 2 and 100"),
+                                  ("IAS_WECHAT_WINDOW", "90000", "between 60 and 86400"),
+                                  ("IAS_OUTBOX_EXPIRE", "nan", "between"),
+                                  ("IAS_FALLBACK_AFTER", "soon", "must be a number")):
+            with self.subTest(var=var, value=value), self.assertRaises(ConfigError) as caught:
+                load(environ={var: value})
+            self.assertIn(words, str(caught.exception))
+            self.assertIn(var, str(caught.exception))
+
+    def test_the_webhook_token_is_a_secret(self):
+        self.toml.write_text('notify_webhook_token = "x"\n', encoding="utf-8")
+        with self.assertRaises(ConfigError) as caught:
+            load(self.toml, environ={})
+        self.assertIn("IAS_NOTIFY_WEBHOOK_TOKEN", str(caught.exception))

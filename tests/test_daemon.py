@@ -182,10 +182,13 @@ class DoctorTest(DaemonTestCase):
                                              "IAS_MODEL": "test-model"})
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         lines = result.stdout.splitlines()
-        for check in ("config", "secret key", "skills", "database", "channel", "llm"):
+        for check in ("config", "secret key", "skills", "database", "channel", "outbox", "llm"):
             self.assertTrue(any(line.split(":")[0].endswith(check) for line in lines), (check, lines))
         self.assertIn("test-model found", result.stdout)
         self.assertNotIn("FAIL", result.stdout)
+        self.assertIn("warn  outbox: 0 messages queued; fallback: none", result.stdout)
+        configured = self.ias("doctor", env={"IAS_NOTIFY_WEBHOOK_URL": "http://127.0.0.1:9/hook"})
+        self.assertIn("ok    outbox: 0 messages queued; fallback: webhook\n", configured.stdout)
 
     def test_failures_are_one_line_each(self):
         result = self.ias("doctor", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})

@@ -30,7 +30,7 @@ class Recorder:
     def __init__(self):
         self.ran: list[tuple[int, str]] = []
 
-    async def __call__(self, task) -> str:
+    async def __call__(self, task, run_id) -> str:
         self.ran.append((task.id, task.text))
         return task.text
 
@@ -125,7 +125,7 @@ class SchedulerTest(StoreTestCase):
                     await update_task(self.store, task.id, schedule=bad, now=T0)
 
     async def test_failed_run_is_recorded_and_not_repeated(self):
-        async def broken(task):
+        async def broken(task, run_id):
             raise RuntimeError("channel down")
         scheduler = Scheduler(self.store, broken, now=self.clock)
         task = await add_task(self.store, "owner", "t", "0 8 * * *", "reminder", "x", now=T0)
@@ -216,7 +216,10 @@ class TaskThroughAgentTest(GateTestCase):
                          {"success": False, "error": "用户没有确认操作：mark_high"})
         self.assertEqual(self.runs(), 0)
         [run] = self.task_runs(task.id)
-        self.assertEqual(run.status, "error")              # the reply could not be delivered either
+        # It ran; its reply could not be delivered either and waits in the outbox (issue 13).
+        self.assertEqual((run.status, run.delivery), ("ok", "queued"))
+        [row] = await self.store.queued("owner")
+        self.assertEqual((row.text, row.kind, row.task_run_id, row.reason), ("没能确认。", "task", run.id, "send failed"))
 
     async def test_task_skill_errors_are_clear(self):
         self.server.script(calls(("manage_scheduled_task", {"action": "pause"})), text("ok"))

@@ -18,11 +18,24 @@ class Inbound:
 
 Deliver = Callable[[Inbound], Awaitable[None]]
 
+# What one `post` did: sent; refused until the owner writes (window shut, ret=-2); failed (retry later).
+SENT, SHUT, FAILED = "sent", "shut", "failed"
+
 
 class Channel(ABC):
     """A way to reach the owner. `send` returns False when the text could not be delivered."""
 
     name: str = "channel"
+    text_max: int | None = None         # characters per message; longer texts are split by the outbox
+    resumable = False                   # whether what was queued for it is still worth sending after a restart
+
+    async def room(self, user_id: str) -> tuple[int | None, str | None]:
+        """How many messages `user_id` can be sent right now (None: no limit), and why not more."""
+        return None, None
+
+    async def post(self, user_id: str, text: str, client_id: str) -> str:
+        """Send one message part under the outbox's `client_id`: SENT, SHUT or FAILED."""
+        return SENT if await self.send(user_id, text) else FAILED
 
     @abstractmethod
     async def start(self, deliver: Deliver) -> None:

@@ -27,9 +27,12 @@ from .. import limits
 from ..errors import IasError
 from ..ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
-from .base import Channel, Deliver, Inbound
+from ..outbox import split_text
+from .base import FAILED, SENT, SHUT, Channel, Deliver, Inbound
 
 log = logging.getLogger(__name__)
+
+OUT_OF_WINDOW = -2          # sendmessage: outside the window, over the allowance, or rate limited
 
 MEDIA_ONLY = "暂时只能处理文字和语音消息。"
 MEDIA_MIXED = "暂时只能处理文字和语音消息，附带的图片、文件或视频已忽略。"
@@ -38,26 +41,6 @@ STALE_NOTE = ("微信登录已失效（iLink -14），iAs 已停止接收微信�
               "`python ias.py wechat login` 重新登录，然后重启 iAs。\n"
               "WeChat session expired (iLink -14): polling stopped. Run `python ias.py wechat login`, "
               "then restart iAs.")
-
-
-def split_text(text: str, limit: int = limits.WECHAT_TEXT_MAX) -> list[str]:
-    """`text` in parts of at most `limit` characters, cut at a line break in the part's second half when there is one."""
-    if not text.strip():
-        return []
-    parts: list[str] = []
-    rest = text
-    while len(rest) > limit:
-        cut = rest.rfind("\n", 0, limit + 1)
-        if cut < limit // 2:
-            cut = limit
-        part, rest = rest[:cut], rest[cut:]
-        if rest.startswith("\n"):
-            rest = rest[1:]
-        if part.strip():
-            parts.append(part)
-    if rest.strip():
-        parts.append(rest)
-    return parts
 
 
 def _items(items: Any) -> tuple[str, bool]:
@@ -76,12 +59,24 @@ def _items(items: Any) -> tuple[str, bool]:
     return "\n".join(texts), other
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A user's send window now: when it opened (their last message) and closes, messages left, whether
+    the window keeper already asked in it."""
+    opened: float | None
+    closes: float | None
+    left: int
+    asked: bool
+
+
 @dataclass(slots=True)
 class _Peer:
     """What the channel tracks per user; all but the locks is persisted under `peer:<id>`."""
     context_token: str | None = None
     last_inbound: float | None = None       # epoch seconds
     sent: int = 0                           # bot messages since the user's last message
+    learned: float | None = None            # a shorter window learned from a ret=-2 inside the configured one
+    asked: float | None = None              # the last_inbound of the window in which the keeper asked
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
     saving: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -94,10 +89,14 @@ class WeChatChannel(Channel):
     """
 
     name = CHANNEL
+    text_max = limits.WECHAT_TEXT_MAX
+    budget_note = BUDGET_NOTE
+    resumable = True
 
     def __init__(self, store, credentials: Credentials, *, now: Callable[[], float] = time.time,
                  on_stale: Callable[[str], Awaitable[None]] | None = None,
-                 retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY):
+                 retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY,
+                 window: float = limits.WECHAT_REPLY_WINDOW, budget: int = limits.WECHAT_SEND_BUDGET):
         self.store = store
         self.credentials = credentials
         self.owner = credentials.owner
@@ -107,6 +106,8 @@ class WeChatChannel(Channel):
         self._on_stale = on_stale
         self._retry_delay = retry_delay
         self._backoff_delay = backoff_delay
+        self.window = window
+        self.budget = budget
         self._deliver: Deliver | None = None
         self._peers: dict[str, _Peer] = {}
         self._poller: asyncio.Task | None = None
@@ -262,13 +263,62 @@ class WeChatChannel(Channel):
             stored = await self.store.get_state(CHANNEL, PEER + user_id)
             stored = stored if isinstance(stored, dict) else {}
             peer = self._peers.setdefault(user_id, _Peer(stored.get("context_token"), stored.get("last_inbound"),
-                                                         int(stored.get("sent") or 0)))
+                                                         int(stored.get("sent") or 0), stored.get("learned"),
+                                                         stored.get("asked")))
         return peer
 
     async def _save(self, user_id: str, peer: _Peer) -> None:
         async with peer.saving:     # serialised, and each write carries the latest values
             await self.store.set_state(CHANNEL, PEER + user_id, {
-                "context_token": peer.context_token, "last_inbound": peer.last_inbound, "sent": peer.sent})
+                "context_token": peer.context_token, "last_inbound": peer.last_inbound, "sent": peer.sent,
+                "learned": peer.learned, "asked": peer.asked})
+
+    def _window(self, peer: _Peer) -> float:
+        return min(self.window, peer.learned or self.window)
+
+    async def state(self, user_id: str) -> Window:
+        """The user's window now (for the outbox's window keeper)."""
+        peer = await self._peer(user_id)
+        if peer.last_inbound is None:
+            return Window(None, None, 0, False)
+        return Window(peer.last_inbound, peer.last_inbound + self._window(peer), max(0, self.budget - peer.sent),
+                      peer.asked == peer.last_inbound)
+
+    async def mark_asked(self, user_id: str) -> None:
+        """The window keeper asked in the current window: not again in it."""
+        peer = await self._peer(user_id)
+        peer.asked = peer.last_inbound
+        await self._save(user_id, peer)
+
+    async def room(self, user_id: str) -> tuple[int | None, str | None]:
+        if self.stale:
+            return 0, "stale"
+        peer = await self._peer(user_id)
+        if peer.last_inbound is None or self._now() - peer.last_inbound > self._window(peer):
+            return 0, "window"
+        left = max(0, self.budget - peer.sent)
+        return left, "budget" if left == 0 else None
+
+    async def post(self, user_id: str, text: str, client_id: str) -> str:
+        """One part for the outbox, with its stable client_id; counts against the budget when sent."""
+        if self.stale:
+            return SHUT
+        peer = await self._peer(user_id)
+        async with peer.sending:
+            outcome = await self._request(user_id, text, peer, client_id)
+            if outcome == SENT:
+                peer.sent += 1
+            elif outcome == SHUT and not self.stale:
+                age = self._now() - (peer.last_inbound or 0)
+                if age < limits.WECHAT_WINDOW_LEARN_MIN:
+                    return FAILED           # so soon after their message: rate limiting, try again later
+                learned = max(limits.WECHAT_WINDOW_LEARN_MIN, age - limits.WECHAT_WINDOW_LEARN_MARGIN)
+                if learned < self._window(peer):
+                    peer.learned = learned
+                    log.warning("WeChat: ret=-2 %.1f h after %s's last message: the window for them is now %.1f h",
+                                age / 3600, user_id, learned / 3600)
+            await self._save(user_id, peer)
+            return outcome
 
     async def send(self, user_id: str, text: str) -> bool:
         parts = split_text(text)
@@ -284,17 +334,17 @@ class WeChatChannel(Channel):
                             "within 24 h of the user's last message)", user_id)
                 return False
             age = self._now() - peer.last_inbound
-            if age > limits.WECHAT_REPLY_WINDOW:
+            if age > self._window(peer):
                 log.warning("WeChat: not sending to %s: their last message was %.1f h ago (iLink only lets a bot "
                             "answer within 24 h); they have to write first", user_id, age / 3600)
                 return False
-            left = limits.WECHAT_SEND_BUDGET - peer.sent
+            left = self.budget - peer.sent
             if len(parts) >= left:
                 log.warning("WeChat: send budget spent for %s (%d messages since their last message): "
                             "a %d-part text was not sent%s", user_id, peer.sent, len(parts),
                             "; asked them to reply to continue" if left > 0 else "")
                 if left > 0:
-                    peer.sent = limits.WECHAT_SEND_BUDGET
+                    peer.sent = self.budget
                     await self._post(user_id, BUDGET_NOTE, peer)
                     await self._save(user_id, peer)
                 return False
@@ -309,7 +359,10 @@ class WeChatChannel(Channel):
 
     async def _post(self, user_id: str, text: str, peer: _Peer) -> bool:
         """One sendmessage request; True only when the service answered ret 0."""
-        client_id = f"ias-{uuid.uuid4().hex}"
+        return await self._request(user_id, text, peer, f"ias-{uuid.uuid4().hex}") == SENT
+
+    async def _request(self, user_id: str, text: str, peer: _Peer, client_id: str) -> str:
+        """One sendmessage request: SENT (ret 0), SHUT (ret -2 or -14), FAILED (anything else)."""
         message = {"from_user_id": "", "to_user_id": user_id, "client_id": client_id,
                    "message_type": BOT_MESSAGE, "message_state": FINISHED,
                    "item_list": [{"type": TEXT, "text_item": {"text": text}}]}
@@ -320,17 +373,17 @@ class WeChatChannel(Channel):
         except TimeoutError:
             log.warning("WeChat: sendmessage %s to %s timed out after %gs", client_id, user_id,
                         limits.WECHAT_SEND_TIMEOUT)
-            return False
+            return FAILED
         except (OSError, WeChatError) as exc:
             log.warning("WeChat: sendmessage %s to %s failed: %s", client_id, user_id, exc)
-            return False
+            return FAILED
         code = error_code(reply)
         if code == STALE:
             await self._expire(reply.get("errmsg"))
-            return False
+            return SHUT
         if code:
             log.warning("WeChat: sendmessage %s to %s refused: ret %d %s", client_id, user_id, code,
                         reply.get("errmsg") or "")
-            return False
+            return SHUT if code == OUT_OF_WINDOW else FAILED
         log.info("WeChat: sent %s to %s (%d characters)", client_id, user_id, len(text))
-        return True
+        return SENT

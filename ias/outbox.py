@@ -1,0 +1,351 @@
+"""The outbox: every message to the owner is written to PostgreSQL first, then delivered.
+
+A message is split into parts (the channel's `text_max`), each a row with the `client_id` it is
+always sent with, so a part is never sent twice across restarts. Parts go out oldest first
+within what the channel can take now (`Channel.room`: WeChat's window and per-message budget):
+- budget spent: the last allowed message is the channel's note ("reply to continue"); the
+  rest waits and goes out when the owner writes (a bare `继续` then only continues);
+- window shut or `ret=-2`: waits until the owner writes;
+- a transient error: retried with backoff (OUTBOX_RETRY_FIRST, doubled, at most OUTBOX_RETRY_MAX);
+- a reminder or task result still queued `fallback_after` past its due time goes to the
+  fallback notifiers (state `fallback`, never sent on WeChat afterwards);
+- queued longer than `expire`: expired, and the owner is told how many the next time a
+  message goes through.
+Task runs record delivery (`delivered|queued|fallback|expired`) from their parts.
+
+Confirmation codes never enter the table: `urgent()` sends a code message at once, or holds
+it in memory until the owner writes (the fallback notifiers get a notice without the code).
+The window keeper (`tick`) spends one message per window asking the owner to write when a
+task is due after the window would close.
+
+A crash between a part's request and its `sent` mark: a WeChat part is sent again after the
+restart under the same client_id (which the service may use to drop the repeat); what was
+queued for the console (a terminal session that is gone) is dropped at start.
+Not handled: one message over several channels (each row has one channel).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import unicodedata
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from itertools import groupby
+from typing import Awaitable, Callable
+
+from . import limits
+from .channels.base import SENT, SHUT, Channel
+from .cron import TZ
+from .errors import StoreError
+from .notifiers import Fallback
+from .store import OutboxRow, Store
+
+log = logging.getLogger(__name__)
+
+CONTINUE_WORDS = frozenset({"继续", "繼續", "continue", "go on"})
+APPROVAL_NOTICE = "有操作等待确认：{name}。请在微信里回复任意内容查看确认码（{minutes} 分钟内有效）"
+EXPIRED_NOTICE = "有 {count} 条消息等待超过 {span}仍未能送达，已过期。"
+KEEPER_ASK = "{when} 有{what}「{name}」：回复任意内容，微信才允许我按时发送。"
+TITLES = {"reminder": "iAs 提醒", "task": "iAs 定时任务", "notice": "iAs 通知", "reply": "iAs 回复"}
+FALLBACK_KINDS = ("reminder", "task")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def split_text(text: str, limit: int | None = limits.WECHAT_TEXT_MAX) -> list[str]:
+    """`text` in parts of at most `limit` characters, cut at a line break in the part's second half when there is one."""
+    if not text.strip():
+        return []
+    if limit is None:
+        return [text]
+    parts: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        cut = rest.rfind("\n", 0, limit + 1)
+        if cut < limit // 2:
+            cut = limit
+        part, rest = rest[:cut], rest[cut:]
+        if rest.startswith("\n"):
+            rest = rest[1:]
+        if part.strip():
+            parts.append(part)
+    if rest.strip():
+        parts.append(rest)
+    return parts
+
+
+def span(seconds: float) -> str:
+    """A duration for the owner: 3 天, 5 小时, 10 分钟."""
+    for unit, name in ((86400, "天"), (3600, "小时"), (60, "分钟")):
+        if seconds >= unit:
+            return f"{seconds / unit:g} {name}"
+    return f"{seconds:g} 秒"
+
+
+def when_text(due: datetime, now: datetime) -> str:
+    """A due time in Beijing time relative to now: 今天 18:00, 明早 07:00, 明天 15:00, 12月5日 07:00."""
+    local, today = due.astimezone(TZ), now.astimezone(TZ).date()
+    days = (local.date() - today).days
+    if days == 0:
+        day = "今天"
+    elif days == 1:
+        day = "明早" if local.hour < 12 else "明天"
+    elif days == 2:
+        day = "后天"
+    else:
+        day = f"{local.month}月{local.day}日"
+    return f"{day} {local:%H:%M}"
+
+
+@dataclass(slots=True)
+class _Held:
+    """A confirmation message that could not go out yet: in memory only, never stored."""
+    channel: str
+    text: str
+    until: datetime
+    delivered: asyncio.Event
+
+
+class Outbox:
+    """Queues, delivers, retries, expires and falls back; `tick` runs the periodic part."""
+
+    def __init__(self, store: Store, channels: dict[str, Channel], primary: str, fallback: Fallback | None = None, *,
+                 now: Callable[[], datetime] = utcnow, expire: float = 259200.0, fallback_after: float = 600.0,
+                 tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None):
+        self.store = store
+        self.channels = channels
+        self.primary = primary
+        self.fallback = fallback or Fallback([])
+        self.now = now
+        self.expire = expire
+        self.fallback_after = fallback_after
+        self.interval = tick
+        self.on_store_error = on_store_error
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._held: dict[str, _Held] = {}
+        self.keeper_asks = 0
+
+    # -- queueing and delivering ------------------------------------------------------------
+    async def send(self, user_id: str, text: str, channel: str | None = None, kind: str = "reply", *,
+                   due: datetime | None = None, run_id: int | None = None) -> str:
+        """Queue `text` for the owner, then deliver what can go now: 'delivered', 'queued' or 'empty'."""
+        name = channel or self.primary
+        target = self.channels.get(name)
+        parts = split_text(text, target.text_max if target is not None else None)
+        if not parts:
+            return "empty"
+        now = self.now()
+        message = f"ias-{uuid.uuid4().hex}"
+        rows = await self.store.enqueue(user_id, name, kind, [(part, f"{message}.{i}") for i, part in
+                                                               enumerate(parts, 1)], now, due or now, run_id)
+        sent = await self.flush(user_id)
+        return "delivered" if all(row.id in sent for row in rows) else "queued"
+
+    def _lock(self, user_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(user_id, asyncio.Lock())
+
+    async def flush(self, user_id: str) -> set[int]:
+        """Deliver the user's queued parts, oldest first, within what each channel takes now; the ids sent."""
+        sent: set[int] = set()
+        async with self._lock(user_id):
+            rows = await self.store.queued(user_id)
+            for name, group in groupby(sorted(rows, key=lambda r: (r.channel, r.id)), key=lambda r: r.channel):
+                await self._flush_channel(user_id, name, list(group), sent)
+        return sent
+
+    async def _flush_channel(self, user_id: str, name: str, rows: list[OutboxRow], sent: set[int]) -> None:
+        channel = self.channels.get(name)
+        if channel is None:
+            await self.store.note_waiting([r.id for r in rows], f"channel {name} not running")
+            return
+        now = self.now()
+        if rows[0].next_try_at is not None and rows[0].next_try_at > now:
+            return                              # the oldest waits for its retry; the rest keep their order
+        if self.fallback and not channel.can_confirm():
+            rows = await self._unread(rows)     # nobody reads this channel (a console without a terminal)
+            if not rows:
+                return
+        room, why = await channel.room(user_id)
+        if room is None or room > 0:
+            rows = rows + await self._expired_notice(user_id, name, now)
+        for i, row in enumerate(rows):
+            rest = [r.id for r in rows[i:]]
+            if room is not None:
+                note = getattr(channel, "budget_note", None)
+                if room <= 0:
+                    await self.store.note_waiting(rest, why or "budget")
+                    return
+                if room == 1 and len(rest) > 1 and note:
+                    outcome = await channel.post(user_id, note, f"ias-{uuid.uuid4().hex}")
+                    await self.store.note_waiting(rest, "budget" if outcome == SENT else "window")
+                    log.info("outbox: %d parts for %s wait for their reply (send budget)", len(rest), user_id)
+                    return
+            outcome = await channel.post(user_id, row.text, row.client_id)
+            if outcome == SENT:
+                await self.store.settle([row.id], "sent", self.now())
+                sent.add(row.id)
+                room = None if room is None else room - 1
+            elif outcome == SHUT:
+                await self.store.note_waiting(rest, "window")
+                return
+            else:
+                delay = min(limits.OUTBOX_RETRY_MAX, limits.OUTBOX_RETRY_FIRST * 2 ** min(row.attempts, 16))
+                await self.store.note_failure(row.id, "send failed", now + timedelta(seconds=delay))
+                await self.store.note_waiting(rest[1:], "behind a failed part")
+                return
+
+    async def _unread(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """Reminders and task results for a channel nobody reads go to the fallback at once (and are still
+        written there, for the log); returns the rows left for the channel alone."""
+        left = []
+        for row in rows:
+            if row.kind in FALLBACK_KINDS and await self.fallback.send(TITLES[row.kind], row.text, row.kind):
+                await self.store.settle([row.id], "fallback", self.now(), "fallback")
+                await self.channels[row.channel].post(row.user_id, row.text, row.client_id)
+            else:
+                left.append(row)
+        return left
+
+    async def _expired_notice(self, user_id: str, channel: str, now: datetime) -> list[OutboxRow]:
+        count = await self.store.take_expired_notice(user_id)
+        if not count:
+            return []
+        text = EXPIRED_NOTICE.format(count=count, span=span(self.expire))
+        return await self.store.enqueue(user_id, channel, "notice", [(text, f"ias-{uuid.uuid4().hex}.1")], now, now)
+
+    async def forget_unresumable(self) -> int:
+        """At start: what a past process queued for a channel that is not resumable (the console: that
+        terminal session is gone, and a part it printed just before dying would print again) is dropped."""
+        names = [name for name, channel in self.channels.items() if not channel.resumable]
+        dropped = await self.store.drop_queued(names, self.now()) if names else []
+        if dropped:
+            log.info("outbox: dropped %d parts queued for %s by a previous process", len(dropped), ", ".join(names))
+        return len(dropped)
+
+    # -- the owner writes ---------------------------------------------------------------------
+    async def inbound(self, user_id: str, channel: str, text: str) -> bool:
+        """The owner wrote: release a held confirmation message, then what waits. True when the message
+        did nothing else (it released a code, or was a bare `继续` to continue a long reply)."""
+        consumed = False
+        held = self._held.get(user_id)
+        if held is not None and held.channel == channel:
+            if self.now() >= held.until:
+                self._held.pop(user_id, None)
+            elif await self.channels[channel].post(user_id, held.text, f"ias-{uuid.uuid4().hex}") == SENT:
+                self._held.pop(user_id, None)
+                held.delivered.set()
+                log.info("outbox: the held confirmation message went out to %s", user_id)
+                consumed = True
+        waiting = any(row.reason == "budget" for row in await self.store.queued(user_id))
+        await self.flush(user_id)
+        word = unicodedata.normalize("NFKC", text).strip().lower().rstrip("。.!！")
+        return consumed or (waiting and word in CONTINUE_WORDS)
+
+    # -- confirmation messages ---------------------------------------------------------------------
+    async def urgent(self, user_id: str, channel: str, text: str, name: str, timeout: float) -> bool | asyncio.Event:
+        """A confirmation message (it holds a code, so it is never stored): True once sent; when the channel
+        cannot carry it now but will when the owner writes, an Event set once it went out (the fallback
+        notifiers get a notice without the code); False when it cannot be delivered at all."""
+        target = self.channels[channel]
+        room, _ = await target.room(user_id)
+        outcome = None
+        if room is None or room > 0:
+            outcome = await target.post(user_id, text, f"ias-{uuid.uuid4().hex}")
+            if outcome == SENT:
+                return True
+        if room is None and outcome != SHUT:
+            return False                    # a channel without a window: writing will not change anything
+        held = _Held(channel, text, self.now() + timedelta(seconds=timeout), asyncio.Event())
+        self._held[user_id] = held
+        minutes = max(1, round(timeout / 60))
+        if self.fallback:
+            notice = APPROVAL_NOTICE.format(name=name, minutes=minutes)
+            if not await self.fallback.send(TITLES["notice"], notice, "notice"):
+                log.warning("outbox: no fallback took the notice of a pending confirmation (%s)",
+                            self.fallback.last_error)
+        log.info("outbox: a confirmation message for %s waits for them to write (%s)", user_id, name)
+        return held.delivered
+
+    # -- periodic work: retries, fallback, expiry, window keeper ---------------------------------
+    async def tick(self) -> None:
+        now = self.now()
+        for user_id, held in list(self._held.items()):
+            if now >= held.until:
+                del self._held[user_id]
+        expired = await self.store.expire_queued(now - timedelta(seconds=self.expire), now)
+        if expired:
+            log.warning("outbox: %d queued parts expired after %s", len(expired), span(self.expire))
+        queued = await self.store.queued()
+        if self.fallback:
+            queued = await self._fall_back(queued, now)
+        for user_id in sorted({row.user_id for row in queued}):
+            await self.flush(user_id)
+        await self._keep_windows(now)
+
+    async def _fall_back(self, queued: list[OutboxRow], now: datetime) -> list[OutboxRow]:
+        """Hand overdue reminders and task results to the fallback notifiers; returns what stays queued."""
+        deadline = now - timedelta(seconds=self.fallback_after)
+        overdue: dict[str, list[OutboxRow]] = {}
+        for row in queued:
+            if row.kind in FALLBACK_KINDS and row.due_at <= deadline \
+                    and (row.next_try_at is None or row.next_try_at <= now):
+                overdue.setdefault(row.client_id.rsplit(".", 1)[0], []).append(row)
+        done: set[int] = set()
+        for parts in overdue.values():
+            ids = [row.id for row in parts]
+            text = "\n".join(row.text for row in parts)
+            if await self.fallback.send(TITLES[parts[0].kind], text, parts[0].kind):
+                await self.store.settle(ids, "fallback", self.now(), "fallback")
+                done.update(ids)
+                continue
+            attempts = max(row.attempts for row in parts)
+            delay = min(limits.OUTBOX_RETRY_MAX, limits.OUTBOX_RETRY_FIRST * 2 ** min(attempts, 16))
+            reason = f"fallback failed: {self.fallback.last_error}"[:500]
+            for row_id in ids:
+                await self.store.note_failure(row_id, reason, now + timedelta(seconds=delay))
+            log.warning("outbox: the fallback did not take an overdue %s; retrying in %gs", parts[0].kind, delay)
+        return [row for row in queued if row.id not in done]
+
+    async def _keep_windows(self, now: datetime) -> None:
+        """Ask the owner to write, once per window, when a task is due after their window would close."""
+        channel = self.channels.get(self.primary)
+        if channel is None or not hasattr(channel, "state"):
+            return
+        tasks = [t for t in await self.store.tasks(include_disabled=False) if t.next_run_at is not None]
+        for user_id, theirs in groupby(sorted(tasks, key=lambda t: (t.user_id, t.next_run_at)), key=lambda t: t.user_id):
+            window = await channel.state(user_id)
+            stamp = now.timestamp()
+            if window.opened is None or window.asked or stamp >= window.closes or window.left <= 0:
+                continue
+            quiet = stamp >= window.closes - limits.KEEPER_LEAD
+            last = window.left <= 1
+            if not (quiet or last):
+                continue
+            low = now if last else datetime.fromtimestamp(window.closes, timezone.utc)
+            high = now + timedelta(seconds=channel.window)
+            due = [t for t in theirs if low < t.next_run_at <= high]
+            if not due:
+                continue
+            first = due[0]
+            text = KEEPER_ASK.format(when=when_text(first.next_run_at, now),
+                                     what="提醒" if first.kind == "reminder" else "定时任务", name=first.name)
+            await channel.mark_asked(user_id)
+            self.keeper_asks += 1
+            log.info("window keeper: asked %s to write (task %d due %s)", user_id, first.id,
+                     first.next_run_at.isoformat())
+            await self.send(user_id, text, self.primary, "notice")
+
+    async def run(self) -> None:
+        """Forever: flush what waits at start, then tick every `interval` seconds."""
+        while True:
+            try:
+                await self.tick()
+            except StoreError as exc:
+                if self.on_store_error is None:
+                    raise
+                await self.on_store_error(exc)
+                continue
+            await asyncio.sleep(self.interval)
