@@ -226,28 +226,31 @@ async def cmd_run(config, name: str, params_text: str) -> int:
 
 
 async def cmd_approvals(config, include_closed: bool) -> int:
-    from .app import open_store
-    async with open_store(config) as store:
-        rows = await store.approvals(include_closed)
-    if not rows:
-        print("no pending approvals" if not include_closed else "no approvals")
-    for row in rows:
-        print(f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.status:<8}  {row.user_id}  {row.skill_name}  "
-              f"attempts_left={row.attempts_left}  id={row.id}")
-    return 0
+    return await _listing(config, lambda store: store.approvals(include_closed),
+                          "no approvals" if include_closed else "no pending approvals",
+                          lambda row: f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.status:<8}  "
+                                      f"{row.user_id}  {row.skill_name}  attempts_left={row.attempts_left}  id={row.id}")
 
 
 async def cmd_outbox(config, include_done: bool) -> int:
-    from .app import open_store
-    async with open_store(config) as store:
-        rows = await store.outbox_rows(include_done)
-    if not rows:
-        print("nothing queued" if not include_done else "no messages")
-    for row in rows:
+    def line(row) -> str:
         preview = " ".join(row.text.split())
         preview = preview[:40] + ("…" if len(preview) > 40 else "")
-        print(f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.state:<8}  {row.kind:<8}  {row.channel:<7}  "
-              f"attempts={row.attempts}  reason={row.reason or '-'}  {row.client_id}  {preview}")
+        return (f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.state:<8}  {row.kind:<8}  {row.channel:<7}  "
+                f"attempts={row.attempts}  reason={row.reason or '-'}  {row.client_id}  {preview}")
+    return await _listing(config, lambda store: store.outbox_rows(include_done),
+                          "no messages" if include_done else "nothing queued", line)
+
+
+async def _listing(config, fetch, empty: str, line) -> int:
+    """Print one line per row that `fetch(store)` returns, or `empty`."""
+    from .app import open_store
+    async with open_store(config) as store:
+        rows = await fetch(store)
+    if not rows:
+        print(empty)
+    for row in rows:
+        print(line(row))
     return 0
 
 
