@@ -63,7 +63,15 @@ class Agent:
         self.now = now or (lambda: datetime.now(timezone.utc))
         self.max_rounds = max_rounds
         self.window = window
-        self.tools = [tool_spec(s) for s in registry]
+        self._tools: tuple[int, list[dict]] = (-1, [])
+
+    @property
+    def tools(self) -> list[dict]:
+        """Every skill as a tool; made again when the registry changed (an MCP server's tool list did)."""
+        key = hash(tuple(id(s) for s in self.registry.skills.values()))
+        if key != self._tools[0]:
+            self._tools = (key, [tool_spec(s) for s in self.registry])
+        return self._tools[1]
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
@@ -123,4 +131,5 @@ class Agent:
 def tool_spec(skill) -> dict:
     """A skill as an OpenAI function tool."""
     return {"type": "function",
-            "function": {"name": skill.name, "description": skill.description, "parameters": skill.parameters}}
+            "function": {"name": skill.name, "description": skill.description,
+                         "parameters": skill.mcp.schema if skill.mcp is not None else skill.parameters}}

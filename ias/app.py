@@ -27,7 +27,8 @@ from .pgcluster import Cluster
 from .router import Router
 from .runner import Runner, recover
 from .scheduler import Scheduler, retry_later
-from .skills import Registry, registry
+from .mcp import Servers
+from .skills import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
 from .wechat_login import credentials
@@ -84,6 +85,7 @@ class App:
     gate: Gate
     agent: Agent
     router: Router | None = None        # only when built with channels
+    mcp: Servers | None = None          # the MCP servers of the registry; `await app.mcp.close()` before exiting
 
 
 def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
@@ -101,7 +103,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
                     python=sys.executable)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
-    gate = Gate(skills, runner, store, approvals)
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade)
+    gate = Gate(skills, runner, store, approvals, mcp)
     agent = Agent(skills, gate, store, llm, now=now)
     router = None
     if channels:
@@ -109,7 +112,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
             raise ValueError("a router needs its primary channel")
         router = Router(approvals, agent, {channel.name: channel for channel in channels}, primary,
                         monitor=monitor, spawn=spawn)
-    return App(config, store, skills, runner, approvals, gate, agent, router)
+    return App(config, store, skills, runner, approvals, gate, agent, router, mcp)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -200,8 +203,11 @@ async def run_once(config: Config, text: str) -> int:
         if llm is None and not text.strip().startswith("/"):
             print(NO_LLM, file=sys.stderr)
             return 1
-        async with owner_approvals(config, c) as (user, notify):
-            reply = await c.agent.turn(user, text, notify)
+        try:
+            async with owner_approvals(config, c) as (user, notify):
+                reply = await c.agent.turn(user, text, notify)
+        finally:
+            await c.mcp.close()
         print(reply)
         return 1 if reply == APOLOGY else 0
 
@@ -259,6 +265,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                 supervisor.spawn(channel.watch(), f"channel {channel.name}")
             for row in leftovers:
                 await router.primary.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}")
+            c.mcp.keep()                            # MCP servers start now, and come back when they die
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
@@ -276,6 +283,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.info("iAs is stopping%s", "" if stopped and not supervisor.failed.is_set() else " after a failure")
             for channel in channels.values():
                 await channel.stop()
+            await c.mcp.close()
             await c.runner.kill_all()                   # skills end first …
             await c.gate.drain(SHUTDOWN_GRACE)          # … their calls record how they ended …
             await router.cancel()                       # … then the turns are cancelled

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,10 +32,39 @@ class Skill:
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
+    mcp: McpTool | None = None    # run as a tool of an MCP server instead of `execute`
 
     @property
     def high(self) -> bool:
         return self.risk == "high"
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    """How a skill made from an MCP tool is called: its server, the server's own name for the tool, and the
+    schema the server announced (what the model sees; `Skill.parameters` is the part iAs validates)."""
+    server: str
+    tool: str
+    schema: dict
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """A SKILL.md with `## MCP`: how to start the server, and the risk of its tools."""
+    name: str
+    command: tuple[str, ...]      # the words of the one command line (no shell)
+    risk: str                     # default risk of its tools
+    tools: dict | None            # `## Tools`: server tool name -> risk; when given, only these are exposed
+    timeout: float                # seconds per call
+    env: tuple[str, ...]
+    directory: Path
+    description: str
+    source: str = "user"
+    line: int = 1                 # line of `## MCP`, for problems found when the server runs
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "SKILL.md"
 
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -48,6 +79,7 @@ SECTION_ALIASES = {
     "execute": "execute", "执行": "execute",
     "timeout": "timeout", "超时": "timeout",
     "env": "env", "环境变量": "env",
+    "mcp": "mcp", "tools": "tools", "工具": "tools",
 }
 REQUIRED_SECTIONS = ("risk", "parameters", "execute")
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
@@ -161,8 +193,8 @@ def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], w
     return blocks[0]
 
 
-def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
-    """Parse one SKILL.md; raise SkillError with every `path:line: message` problem found."""
+def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServer:
+    """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found."""
     from . import schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
     where = str(path)
@@ -178,7 +210,13 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
     if not description:
         problems.append(f"{where}:1: missing description (the text before the first ## heading)")
 
-    for key in REQUIRED_SECTIONS:
+    mcp = "mcp" in sections
+    if mcp:
+        problems.extend(f"{where}:{sections[key].line}: '## {sections[key].heading}' cannot go with '## MCP' "
+                        "(the server's tools bring their own)" for key in ("parameters", "execute") if key in sections)
+    elif "tools" in sections:
+        problems.append(f"{where}:{sections['tools'].line}: '## Tools' belongs to an MCP skill (one with '## MCP')")
+    for key in REQUIRED_SECTIONS if not mcp else ("risk",):
         if key not in sections:
             heading = {"risk": "Risk Level", "parameters": "Parameters", "execute": "Execute"}[key]
             problems.append(f"{where}:1: missing required section '## {heading}'")
@@ -248,6 +286,13 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                 elif item not in env:
                     env.append(item)
 
+    if mcp:
+        command, tools = _mcp_sections(sections, problems, where)
+        if problems:
+            raise SkillError(problems)
+        return McpServer(name=name, command=command, risk=risk, tools=tools, timeout=timeout, env=tuple(env),
+                         directory=directory.resolve(), description=description, source=source,
+                         line=sections["mcp"].line)
     if problems:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
@@ -255,7 +300,38 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                  directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line)
 
 
-def load_skill(directory: Path, source: str = "user") -> Skill:
+def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tuple[str, ...], dict | None]:
+    """`## MCP` (one command line, split as a shell would but never run by one) and `## Tools`."""
+    section = sections["mcp"]
+    lines = [(n, line) for n, line in _text(section)] + [(b.line, b.text.strip()) for b in section.blocks]
+    command: tuple[str, ...] = ()
+    if len(lines) != 1 or "\n" in lines[0][1]:
+        problems.append(f"{where}:{section.line}: '## MCP' needs exactly one line: the command that starts the server")
+    else:
+        try:
+            command = tuple(shlex.split(lines[0][1]))
+        except ValueError as exc:
+            problems.append(f"{where}:{lines[0][0]}: cannot split the '## MCP' command line: {exc}")
+        else:
+            if not command or not command[0]:
+                problems.append(f"{where}:{lines[0][0]}: '## MCP' command line is empty")
+    if "tools" not in sections:
+        return command, None
+    tools: dict[str, str] = {}
+    for number, line in _text(sections["tools"]):
+        tool, colon, value = line.rpartition(":") if ":" in line else line.rpartition("：")
+        tool = tool.strip().strip("`").strip()
+        risk = RISKS.get(value.strip().lower())
+        if not tool or risk is None:
+            problems.append(f"{where}:{number}: '## Tools' lines are 'tool: Low' or 'tool: High', got '{_clip(line)}'")
+        elif tool in tools:
+            problems.append(f"{where}:{number}: tool '{_clip(tool)}' is listed twice")
+        else:
+            tools[tool] = risk
+    return command, tools
+
+
+def load_skill(directory: Path, source: str = "user") -> Skill | McpServer:
     """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is."""
     path = Path(directory) / "SKILL.md"
     try:
@@ -286,9 +362,19 @@ class Registry:
     skills: dict[str, Skill]
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    servers: dict[str, McpServer] = field(default_factory=dict)     # `## MCP` skills by name
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
+
+    def set_tools(self, server: str, skills: dict[str, Skill]) -> None:
+        """A server's tools as listed now (start, `tools/list_changed`): its old tool skills give way.
+        A name taken by a skill of another kind is left to that skill."""
+        for name in [n for n, s in self.skills.items() if s.mcp is not None and s.mcp.server == server]:
+            del self.skills[name]
+        for name, skill in skills.items():
+            if name not in self.skills:
+                self.skills[name] = skill
 
     def __iter__(self):
         return iter(sorted(self.skills.values(), key=lambda s: s.name))
@@ -297,7 +383,8 @@ class Registry:
         return len(self.skills)
 
 
-def _scan(root: Path, source: str, problems: list[str]) -> dict[str, Skill]:
+def _scan(root: Path, source: str, problems: list[str], warnings: list[str], servers: dict[str, McpServer],
+          mcp_cache: Path | None, allow: frozenset[str] | set[str]) -> dict[str, Skill]:
     found: dict[str, Skill] = {}
     if not root.is_dir():
         return found
@@ -308,17 +395,32 @@ def _scan(root: Path, source: str, problems: list[str]) -> dict[str, Skill]:
             problems.extend(exc.problems)
             log.warning("skill not loaded: %s", "; ".join(exc.problems))
             continue
+        if isinstance(skill, McpServer):
+            servers[skill.name] = skill
+            tools = cached_tools(mcp_cache, skill) if mcp_cache is not None else None
+            if tools:
+                made, bad, warned = mcp_skills(skill, tools, allow)
+                found.update(made)
+                problems.extend(bad)
+                warnings.extend(warned)
+            continue
         found[skill.name] = skill
     return found
 
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
-                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset()) -> Registry:
-    """Load system skills, then user skills over them; one bad skill never stops the others."""
+                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), mcp_cache: Path | None = None) -> Registry:
+    """Load system skills, then user skills over them; one bad skill never stops the others.
+
+    An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
+    so listing never waits for a server."""
     problems: list[str] = []
     warnings: list[str] = []
-    system = _scan(Path(system_dir), "system", problems) if system_dir else {}
-    user = _scan(Path(user_dir), "user", problems) if user_dir else {}
+    servers: dict[str, McpServer] = {}
+    system = (_scan(Path(system_dir), "system", problems, warnings, servers, mcp_cache, allow_risk_downgrade)
+              if system_dir else {})
+    user = (_scan(Path(user_dir), "user", problems, warnings, servers, mcp_cache, allow_risk_downgrade)
+            if user_dir else {})
     skills = dict(system)
     for name, skill in user.items():
         base = system.get(name)
@@ -333,7 +435,7 @@ def load_registry(system_dir: Path | None, user_dir: Path | None,
         log.warning("%s", warning)
     # For `skills check`, not the log: every command would repeat them.
     warnings.extend(w for skill in skills.values() if skill.high for w in _untitled(skill))
-    return Registry(skills, tuple(problems), tuple(warnings))
+    return Registry(skills, tuple(problems), tuple(warnings), servers)
 
 
 def _untitled(skill: Skill) -> list[str]:
@@ -349,5 +451,94 @@ def _untitled(skill: Skill) -> list[str]:
 
 
 def registry(config) -> Registry:
-    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list."""
-    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade)
+    """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list, the MCP cache."""
+    return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
+                         mcp_cache(config))
+
+
+# -- MCP tools as skills --
+
+_NOT_NAME = re.compile(r"[^a-z0-9_]")
+
+
+def mcp_cache(config) -> Path:
+    """Where the last tool list of each MCP server is kept."""
+    return config.data_dir / "mcp"
+
+
+def tool_skill_name(server: str, tool: str) -> str:
+    """`<skill>__<tool>`, lower-cased, other characters `_` (may still break the name rule: checked by the caller)."""
+    return f"{server}__{_NOT_NAME.sub('_', tool.lower())}"
+
+
+def cached_tools(cache: Path, server: McpServer) -> list | None:
+    """The tool list last written for `server` (by the same command line), else None."""
+    try:
+        data = json.loads((cache / f"{server.name}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("command") != list(server.command) or not isinstance(data.get("tools"), list):
+        return None
+    return data["tools"]
+
+
+def write_tools(cache: Path, server: McpServer, tools: list) -> None:
+    """Keep a server's tool list for the next command (written aside, then renamed into place)."""
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = cache / f"{server.name}.json"
+    temp = target.with_suffix(f".{os.getpid()}.tmp")
+    temp.write_text(json.dumps({"command": list(server.command), "tools": tools}, ensure_ascii=False), encoding="utf-8")
+    os.replace(temp, target)
+
+
+def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] = frozenset()
+               ) -> tuple[dict[str, Skill], list[str], list[str]]:
+    """A server's tools (as `tools/list` gave them) as skills; and the problems (tools left out) and warnings."""
+    from . import schema
+    where = f"{server.path}:{server.line}"
+    skills: dict[str, Skill] = {}
+    problems: list[str] = []
+    warnings: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            problems.append(f"{where}: mcp server '{server.name}' listed a tool without a name")
+            continue
+        raw = tool["name"]
+        if server.tools is not None and raw not in server.tools:
+            continue
+        name = tool_skill_name(server.name, raw)
+        label = f"{where}: tool '{_clip(raw)}' ({name})"
+        if not NAME_RE.match(name) or name in skills:
+            problems.append(f"{label}: the name breaks ^[a-z][a-z0-9_]{{0,63}}$ or is taken by another tool")
+            continue
+        given = tool.get("inputSchema")
+        if given is None:
+            given = {"type": "object"}
+        if not isinstance(given, dict) or given.get("type", "object") != "object":
+            problems.append(f"{label}: inputSchema must be a JSON Schema object with \"type\": \"object\"")
+            continue
+        relaxed, dropped = schema.relax(given)
+        warnings.extend(f"{label}: {d}; ignored for validation (the model still sees it)" for d in dropped)
+        try:
+            validator = schema.compile(relaxed)
+        except schema.SchemaError as exc:
+            problems.extend(f"{label}: {_clip(p, 300)}" for p in exc.problems)
+            continue
+        risk = server.tools.get(raw, server.risk) if server.tools is not None else server.risk
+        annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+        destructive = annotations.get("destructiveHint") is True or (
+            annotations.get("readOnlyHint") is False and annotations.get("destructiveHint") is not False)
+        if destructive and risk == "low" and name not in allow:
+            warnings.append(f"{label}: the server marks it destructive; kept High (allow it with "
+                            "[skills] allow_risk_downgrade in ias.toml)")
+            risk = "high"
+        description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+        title = tool.get("title") if isinstance(tool.get("title"), str) else raw
+        skills[name] = Skill(name=name, title=title, description=description.strip() or title, risk=risk,
+                             parameters=relaxed, execute="", timeout=server.timeout, env=server.env,
+                             directory=server.directory, validator=validator, source=server.source,
+                             parameters_line=server.line, mcp=McpTool(server.name, raw, given))
+    listed = {t.get("name") for t in tools if isinstance(t, dict)}
+    for missing in sorted(set(server.tools or ()) - listed):
+        warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")
+    return skills, problems, warnings
