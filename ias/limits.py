@@ -85,6 +85,7 @@ MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list pag
 MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
 MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)
 MCP_TOOLS_MAX = 500                 # tools taken from one server
+MCP_DESCRIPTION_MAX = 2000          # characters of a tool's description given to the model (paid on every request)
 MCP_STDERR_LINE = 500               # characters of one server stderr line logged
 MCP_STDERR_LINES = 200              # stderr lines logged per server start; the rest are counted, not logged
 MCP_STOP_GRACE = 2.0                # seconds after stdin is closed before SIGTERM (then KILL_GRACE, then SIGKILL)

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .limits import (
@@ -70,7 +70,7 @@ class CallResult:
 class Connection:
     """One running server and the JSON-RPC session over its pipes."""
 
-    def __init__(self, server: Server, on_notify: Callable[[str, dict], Awaitable[None]] | None = None):
+    def __init__(self, server: Server, on_notify: Callable[[str], None] | None = None):
         self.server = server
         self.name = server.name
         self.protocol = ""
@@ -81,6 +81,13 @@ class Connection:
         self.closed = asyncio.Event()
         self.started = time.monotonic()
         self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._stderr())]
+        self._junk = 0                       # lines that were no JSON-RPC message (logged up to MCP_STDERR_LINES)
+
+    def background(self, coro) -> None:
+        """A task that must not hold up the reader; kept referenced until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
 
     async def initialize(self, timeout: float = MCP_PROTOCOL_TIMEOUT) -> None:
         """The handshake; raises McpError when the server answers a revision iAs does not speak."""
@@ -148,13 +155,19 @@ class Connection:
             message["params"] = params
         try:
             await self._send(message)
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             if cancel_reason is not None and not self.closed.is_set():
                 await self.notify("notifications/cancelled", {"requestId": ident, "reason": cancel_reason})
             raise
+        except asyncio.CancelledError:       # the call itself was cancelled (shutdown): tell the server too
+            if cancel_reason is not None and not self.closed.is_set():
+                self.background(self.notify("notifications/cancelled", {"requestId": ident, "reason": "cancelled"}))
+            raise
         finally:
             self._pending.pop(ident, None)
+            if future.done() and not future.cancelled():
+                future.exception()           # the reader may have failed it while the send failed too
 
     async def notify(self, method: str, params: dict | None = None) -> None:
         message = {"jsonrpc": "2.0", "method": method}
@@ -200,7 +213,9 @@ class Connection:
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
-            log.warning("mcp server %s wrote a line that is not JSON (%d bytes); ignored", self.name, len(line))
+            self._junk += 1
+            if self._junk <= MCP_STDERR_LINES:
+                log.warning("mcp server %s wrote a line that is not JSON (%d bytes); ignored", self.name, len(line))
             return
         if not isinstance(message, dict):
             return
@@ -217,10 +232,10 @@ class Connection:
                 except McpError:
                     pass
             elif self._on_notify is not None:
-                params = message.get("params")
-                await self._on_notify(method, params if isinstance(params, dict) else {})
+                self._on_notify(method)
             return
-        future = self._pending.get(message.get("id")) if isinstance(message.get("id"), int) else None
+        ident = message.get("id")
+        future = self._pending.get(ident) if type(ident) is int else None
         if future is None or future.done():
             return
         if isinstance(message.get("result"), dict):
@@ -279,7 +294,7 @@ class Servers:
         self._closing = False
         self.errors: dict[str, str] = {}          # server -> why it is unavailable
         self.findings: dict[str, list[str]] = {}  # server -> problems and warnings of its last listing
-        self.changed = asyncio.Event()            # set whenever a server's tool skills were replaced
+        self._stop = asyncio.Event()              # set by close: keepers end
 
     def __bool__(self) -> bool:
         return bool(self.registry.servers)
@@ -305,7 +320,7 @@ class Servers:
             except OSError as exc:
                 self.errors[name] = f"cannot start {spec.command[0]!r}: {exc.strerror or exc}"
                 raise McpError(f"mcp server {name}: {self.errors[name]}") from None
-            conn = Connection(server, lambda method, params: self._notified(name, method))
+            conn = Connection(server, lambda method: self._notified(name, method))
             try:
                 await conn.initialize()
                 await self._refresh(spec, conn)
@@ -313,7 +328,7 @@ class Servers:
                 await self.runner.stop_server(server, 0)
                 if isinstance(exc, asyncio.TimeoutError):
                     self.errors[name] = "no answer to initialize or tools/list within the protocol timeout"
-                elif isinstance(exc, McpError):
+                elif isinstance(exc, (McpError, OSError)):     # OSError: the cache could not be written
                     self.errors[name] = str(exc).removeprefix(f"mcp server {name}: ")
                 else:
                     raise
@@ -328,18 +343,15 @@ class Servers:
         await asyncio.to_thread(write_tools, self.cache, spec, tools)
         skills, problems, warnings = mcp_skills(spec, tools, self.allow)
         self.registry.set_tools(spec.name, skills)
-        self.changed.set()
         for line in (*problems, *warnings):
             log.warning("%s", line)
         self.findings[spec.name] = [*problems, *(f"{w} (warning)" for w in warnings)]
 
-    async def _notified(self, name: str, method: str) -> None:
-        if method != "notifications/tools/list_changed":
-            return
+    def _notified(self, name: str, method: str) -> None:
+        """A server's notification: only tools/list_changed means anything to iAs."""
         conn = self._live.get(name)
-        # Listed in a task of its own: the reader must go on to receive the answer.
-        if conn is not None:
-            asyncio.ensure_future(self._relist(name, conn))
+        if method == "notifications/tools/list_changed" and conn is not None:
+            conn.background(self._relist(name, conn))       # the reader must go on to receive the answer
 
     async def _relist(self, name: str, conn: Connection) -> None:
         try:
@@ -396,7 +408,7 @@ class Servers:
             except McpError as exc:
                 log.warning("%s; retrying in %.0fs", exc, delay)
             else:
-                await conn.closed.wait()
+                await _first(conn.closed, self._stop)
                 if self._closing:
                     return
                 code = conn.server.process.returncode
@@ -404,15 +416,29 @@ class Servers:
                 await self.runner.stop_server(conn.server, 0)      # reap it and what it left in its group
                 if time.monotonic() - conn.started > MCP_UP_RESET:
                     delay = self.restart_first
-            await asyncio.sleep(delay)
+            await _first(self._stop, timeout=delay)
             delay = min(delay * 2, self.restart_max)
 
     async def close(self) -> None:
-        """Stop every server this process started (every command that starts one calls this before it exits)."""
+        """Stop every server this process started (every command that starts one calls this before it exits).
+
+        The keepers are told by an event as well as cancelled: Python 3.11's wait_for can swallow a
+        cancellation that races an answer."""
         self._closing = True
+        self._stop.set()
         for task in self._keepers:
             task.cancel()
         await asyncio.gather(*self._keepers, return_exceptions=True)
         live, self._live = list(self._live.values()), {}
         await asyncio.gather(*(self.runner.stop_server(conn.server, self.stop_grace) for conn in live))
         await asyncio.gather(*(conn.wait_closed() for conn in live), return_exceptions=True)
+
+
+async def _first(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Wait until one of `events` is set, or `timeout` seconds pass."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

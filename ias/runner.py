@@ -414,7 +414,8 @@ class Runner:
                     await self._terminate(proc.pid)
             if _group_alive(proc.pid):          # what it left behind in its group
                 await self._terminate(proc.pid)
-            await proc.wait()
+            if not await _wait_for_process(proc, DRAIN_TIMEOUT):
+                log.warning("mcp server %s: a process that left its group still holds its pipes", server.name)
         except BaseException:
             _signal_group(proc.pid, signal.SIGKILL)
             raise
@@ -560,6 +561,15 @@ async def _wait_for(event: asyncio.Event, timeout: float) -> bool:
         return True
     try:
         await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def _wait_for_process(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Wait for a reaped process's pipes to close (Process.wait waits for both); whether they did in time."""
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
     except asyncio.TimeoutError:
         return False
     return True

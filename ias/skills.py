@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import SkillError
-from .limits import SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
+from .limits import MCP_DESCRIPTION_MAX, SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +534,8 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
             risk = "high"
         description = tool.get("description") if isinstance(tool.get("description"), str) else ""
         title = tool.get("title") if isinstance(tool.get("title"), str) else raw
-        skills[name] = Skill(name=name, title=title, description=description.strip() or title, risk=risk,
+        description = description.strip()[:MCP_DESCRIPTION_MAX] or title
+        skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=validator, source=server.source,
                              parameters_line=server.line, mcp=McpTool(server.name, raw, given))
