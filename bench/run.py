@@ -143,6 +143,52 @@ async def bench_gate() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+async def bench_mcp() -> None:
+    """A call through the gate to a warm MCP server vs a direct JSON-RPC round trip to the same server."""
+    from tests.support import drop_schema, fresh_schema_dsn
+    from ias.app import build
+    from ias.config import Config
+    from ias.store import Store
+
+    dsn, schema_name = await asyncio.to_thread(fresh_schema_dsn)
+    store = await Store.open(dsn)
+    tmp = Path(tempfile.mkdtemp(prefix="ias-bench-mcp-"))
+    try:
+        app = build(Config(data_dir=tmp, system_skills_dir=None, skills_dir=REPO / "tests" / "fixtures" / "mcp",
+                           environ={"PATH": os.environ.get("PATH", "")}), store, key=os.urandom(32))
+        try:
+            await app.mcp.check("demo")
+            conn = await app.mcp.connection("demo")        # the same warm server both ways
+            args = {"name": "echo", "arguments": {"text": "hi"}}
+
+            async def direct() -> None:
+                result = await conn.request("tools/call", args, 10)
+                assert result["content"][0]["text"] == "hi", result
+
+            async def through_gate() -> None:
+                result = await app.gate.call("bench", "demo__echo", {"text": "hi"})
+                assert result == {"success": True, "output": "hi"}, result
+
+            for fn in (direct, through_gate):
+                for _ in range(10):
+                    await fn()
+            direct_t, gate_t = [], []
+            for _ in range(100):             # interleaved so both see the same machine load
+                for fn, sink in ((direct, direct_t), (through_gate, gate_t)):
+                    start = time.perf_counter()
+                    await fn()
+                    sink.append(time.perf_counter() - start)
+            d, g = statistics.median(direct_t) * 1000, statistics.median(gate_t) * 1000
+            report(f"mcp: gate call to a warm server {g:.2f} ms vs direct JSON-RPC round trip {d:.2f} ms "
+                   f"= +{g - d:.2f} ms (target <= +5 ms)", g - d <= 5)
+        finally:
+            await app.mcp.close()
+    finally:
+        await store.close()
+        await asyncio.to_thread(drop_schema, schema_name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -291,6 +337,7 @@ def main() -> int:
     bench_validator()
     bench_cold_start()
     asyncio.run(bench_gate())
+    asyncio.run(bench_mcp())
     bench_agent()
     bench_footprint()
     missed = [line for line, ok in RESULTS if not ok]
