@@ -475,7 +475,7 @@ def cached_tools(cache: Path, server: McpServer) -> list | None:
     """The tool list last written for `server` (by the same command line), else None."""
     try:
         data = json.loads((cache / f"{server.name}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("command") != list(server.command) or not isinstance(data.get("tools"), list):
         return None
