@@ -2,6 +2,7 @@
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,6 @@ from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.skills import McpServer, cached_tools, load_registry, mcp_skills, parse_skill, tool_skill_name
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
 
-SERVER = REPO / "tests" / "servers" / "mcp.py"
 
 
 class McpTestCase(GateTestCase):
@@ -183,9 +183,9 @@ class LifecycleTest(McpTestCase):
         servers = Servers(self.registry, self.runner, self.tmp / "mcp", stop_grace=0.1)
         await servers.check("demo")
         pid = int(self.started()[0][0])
-        os.kill(pid, signal_stop := 19)                                    # SIGSTOP: it cannot read stdin
+        os.kill(pid, signal.SIGSTOP)             # it cannot read stdin, and it ignores SIGTERM: only SIGKILL ends it
         await servers.close()
-        self.assertFalse(self.alive(pid), signal_stop)
+        self.assertFalse(self.alive(pid))
 
     async def test_daemon_restarts_a_server_that_dies(self):
         servers = Servers(self.registry, self.runner, self.tmp / "mcp", restart_first=0.05)
