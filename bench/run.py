@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,9 +76,11 @@ def bench_cold_start() -> None:
            f"(bare interpreter {bare:.0f} ms; target <= 300 ms)", median <= 300)
 
 
-async def bench_gate() -> None:
-    """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
-    from tests.support import FakeOwner, drop_schema, fresh_schema_dsn
+@asynccontextmanager
+async def _bench_app(fixture: str):
+    """`app.build` over a fresh schema and data directory, with the skills of tests/fixtures/<fixture>;
+    yields (app, data directory); everything removed afterwards."""
+    from tests.support import drop_schema, fresh_schema_dsn
     from ias.app import build
     from ias.config import Config
     from ias.store import Store
@@ -86,9 +89,24 @@ async def bench_gate() -> None:
     store = await Store.open(dsn)
     tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
     try:
-        app = build(Config(data_dir=tmp, system_skills_dir=None, skills_dir=REPO / "tests" / "fixtures" / "gate",
+        app = build(Config(data_dir=tmp, system_skills_dir=None, skills_dir=REPO / "tests" / "fixtures" / fixture,
                            approval_timeout=60, environ={"PATH": os.environ.get("PATH", "")}),
                     store, key=os.urandom(32))
+        try:
+            yield app, tmp
+        finally:
+            await app.mcp.close()
+    finally:
+        await store.close()
+        await asyncio.to_thread(drop_schema, schema_name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def bench_gate() -> None:
+    """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
+    from tests.support import FakeOwner
+
+    async with _bench_app("gate") as (app, tmp):
         registry, runner, approvals, gate = app.registry, app.runner, app.approvals, app.gate
         script = registry.get("echo_low").execute
         rounds = 60
@@ -138,10 +156,35 @@ async def bench_gate() -> None:
         lat = statistics.median(latencies) * 1000
         report(f"approval latency: reply received -> skill started {lat:.1f} ms median, "
                f"{max(latencies) * 1000:.1f} ms max (target <= 50 ms)", lat <= 50)
-    finally:
-        await store.close()
-        await asyncio.to_thread(drop_schema, schema_name)
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def bench_mcp() -> None:
+    """A call through the gate to a warm MCP server vs a direct JSON-RPC round trip to the same server."""
+    async with _bench_app("mcp") as (app, _):
+        await app.mcp.check("demo")
+        conn = await app.mcp.connection("demo")        # the same warm server both ways
+        args = {"name": "echo", "arguments": {"text": "hi"}}
+
+        async def direct() -> None:
+            result = await conn.request("tools/call", args, 10)
+            assert result["content"][0]["text"] == "hi", result
+
+        async def through_gate() -> None:
+            result = await app.gate.call("bench", "demo__echo", {"text": "hi"})
+            assert result == {"success": True, "output": "hi"}, result
+
+        for fn in (direct, through_gate):
+            for _ in range(10):
+                await fn()
+        direct_t, gate_t = [], []
+        for _ in range(100):             # interleaved so both see the same machine load
+            for fn, sink in ((direct, direct_t), (through_gate, gate_t)):
+                start = time.perf_counter()
+                await fn()
+                sink.append(time.perf_counter() - start)
+        d, g = statistics.median(direct_t) * 1000, statistics.median(gate_t) * 1000
+        report(f"mcp: gate call to a warm server {g:.2f} ms vs direct JSON-RPC round trip {d:.2f} ms "
+               f"= +{g - d:.2f} ms (target <= +5 ms)", g - d <= 5)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -378,6 +421,7 @@ def main() -> int:
     bench_validator()
     bench_cold_start()
     asyncio.run(bench_gate())
+    asyncio.run(bench_mcp())
     bench_agent()
     bench_footprint()
     bench_scale()

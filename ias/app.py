@@ -31,7 +31,8 @@ from .ranker import Catalog
 from .router import Router
 from .runner import Runner, recover
 from .scheduler import Scheduler, retry_later
-from .skills import Registry, registry
+from .mcp import Servers
+from .skills import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
 from .wechat_login import credentials
@@ -89,6 +90,7 @@ class App:
     agent: Agent
     router: Router | None = None        # only when built with channels
     outbox: Outbox | None = None        # likewise
+    mcp: Servers | None = None          # the MCP servers of the registry; `await app.mcp.close()` before exiting
 
 
 def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
@@ -109,7 +111,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                     python=sys.executable)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
-    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search))
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade)
+    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = outbox = None
     if channels:
@@ -120,7 +123,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                         expire=config.outbox_expire, fallback_after=config.fallback_after,
                         **({"now": now} if now is not None else {}))
         router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
-    return App(config, store, skills, runner, approvals, gate, agent, router, outbox)
+    return App(config, store, skills, runner, approvals, gate, agent, router, outbox, mcp)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -212,8 +215,11 @@ async def run_once(config: Config, text: str) -> int:
         if llm is None and not text.strip().startswith("/"):
             print(NO_LLM, file=sys.stderr)
             return 1
-        async with owner_approvals(config, c) as (user, notify):
-            reply = await c.agent.turn(user, text, notify)
+        try:
+            async with owner_approvals(config, c) as (user, notify):
+                reply = await c.agent.turn(user, text, notify)
+        finally:
+            await c.mcp.close()
         print(reply)
         return 1 if reply in (APOLOGY, TOOLS_REFUSED) else 0
 
@@ -275,6 +281,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                                     kind="notice")
             c.outbox.on_store_error = store_error
             supervisor.spawn(c.outbox.run(), "outbox")
+            c.mcp.keep()                            # MCP servers start now, and come back when they die
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
@@ -293,6 +300,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.info("iAs is stopping%s", "" if stopped and not supervisor.failed.is_set() else " after a failure")
             for channel in channels.values():
                 await channel.stop()
+            await c.mcp.close()
             await c.runner.kill_all()                   # skills end first …
             await c.gate.drain(SHUTDOWN_GRACE)          # … their calls record how they ended …
             await router.cancel()                       # … then the turns are cancelled

@@ -166,14 +166,16 @@ def cmd_skills(config, args) -> int:
     from .skills import registry
     reg = registry(config, cached=args.action is None)
     if args.action == "check":
-        for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings)):
+        mcp_problems = asyncio.run(_check_servers(config, reg)) if reg.servers else []
+        for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings), *mcp_problems):
             print(line)
         too_many = _over_one_request(config, reg)
         if too_many:
             print(f"warning: {too_many}")
-        if not reg.problems:
+        failed = reg.problems or any(not line.endswith("(warning)") for line in mcp_problems)
+        if not failed:
             print(f"{len(reg)} skills OK", file=sys.stderr)
-        return 1 if reg.problems else 0
+        return 1 if failed else 0
     if args.action == "show":
         skill = reg.get(args.name or "")
         if skill is None:
@@ -183,16 +185,24 @@ def cmd_skills(config, args) -> int:
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
                 "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
                 "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin}
+        if skill.mcp is not None:
+            spec.update(server=skill.mcp.server, tool=skill.mcp.tool, server_schema=skill.mcp.schema)
+            del spec["execute"]
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
     rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
-             "overrides": s.overrides, "description": s.description} for s in reg]
+             "overrides": s.overrides, "description": s.description,
+             **({"server": s.mcp.server} if s.mcp is not None else {})} for s in reg]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
     else:
-        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES")
+        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  MCP SERVER")
         for r in rows:
-            print(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  {'yes' if r['overrides'] else ''}")
+            print(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  "
+                  f"{'yes' if r['overrides'] else '':<9}  {r.get('server', '')}".rstrip())
+    listed = {s.mcp.server for s in reg if s.mcp is not None}
+    for name in sorted(set(reg.servers) - listed):
+        print(f"mcp server {name}: tools not listed yet (run `ias skills check`)", file=sys.stderr)
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
@@ -209,6 +219,33 @@ def _over_one_request(config, reg) -> str | None:
             "system skills, the recently used ones and the most relevant others; find_skills reaches the rest")
 
 
+async def _server_checks(config, reg) -> list[tuple]:
+    """Start each MCP server once and list its tools: (server, tool skill names, problems) each; all stopped."""
+    from .mcp import Servers
+    from .runner import Runner
+    from .skills import mcp_cache
+    runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=config.environ)
+    servers = Servers(reg, runner, mcp_cache(config), config.allow_risk_downgrade)
+    found = []
+    try:
+        for name in sorted(reg.servers):
+            found.append((reg.servers[name], *await servers.check(name)))
+    finally:
+        await servers.close()
+    return found
+
+
+async def _check_servers(config, reg) -> list[str]:
+    """`skills check`: each server's tools on stderr; its problems returned."""
+    lines = []
+    for spec, tools, problems in await _server_checks(config, reg):
+        if tools or not problems:
+            print(f"{spec.path}:{spec.line}: mcp server {spec.name}: {len(tools)} tools: {', '.join(tools) or '-'}",
+                  file=sys.stderr)
+        lines.extend(problems)
+    return lines
+
+
 async def cmd_run(config, name: str, params_text: str) -> int:
     from . import schema
     from .app import build, open_store, owner_approvals
@@ -219,8 +256,11 @@ async def cmd_run(config, name: str, params_text: str) -> int:
         return 2
     async with open_store(config) as store:
         c = build(config, store)
-        async with owner_approvals(config, c) as (user, notify):
-            result = await c.gate.call(user, name, params, notify)
+        try:
+            async with owner_approvals(config, c) as (user, notify):
+                result = await c.gate.call(user, name, params, notify)
+        finally:
+            await c.mcp.close()
         print(json.dumps(result, ensure_ascii=False))
         return 0 if result.get("success") else 1
 
@@ -294,6 +334,10 @@ async def cmd_doctor(config) -> int:
     too_many = _over_one_request(config, reg)
     if too_many:
         line(None, "tools", too_many)
+    for spec, tools, problems in await _server_checks(config, reg) if reg.servers else ():
+        bad = [p for p in problems if not p.endswith("(warning)")]
+        line(False if bad else True if tools else None, f"mcp server {spec.name}",
+             "; ".join(bad) if bad else f"{len(tools)} tools: {', '.join(tools) or '-'}")
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"

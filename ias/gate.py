@@ -36,10 +36,11 @@ class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
     def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals,
-                 builtins: Builtins | None = None):
+                 builtins: Builtins | None = None, mcp=None):
         self.registry = registry
         self.runner = runner
         self.builtins = builtins
+        self.mcp = mcp                                    # mcp.Servers: runs the skills made of MCP tools
         self.store = store
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
@@ -50,6 +51,8 @@ class Gate:
         """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
         `turn` counts the approvals asked for one owner message."""
         skill = self.registry.get(name)
+        if skill is None and self.mcp:
+            skill = await self.mcp.discover(str(name))         # a tool of a server never listed yet
         if skill is None:
             await self.store.audit(AuditEntry("skill_unknown", user_id=user_id, skill_name=str(name)[:200]))
             return results.unknown_skill(name)
@@ -84,12 +87,11 @@ class Gate:
         finishing = None
         try:
             try:
-                result = await self._execute(skill, params, user_id)
+                result, llm = await self._execute(skill, params, user_id)
             except asyncio.CancelledError:       # the runner killed the group; record that it ended
                 finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, None,
                                          results.interrupted(name), notify)
                 raise
-            llm = results.of_run(result)
             finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, result, llm, notify)
             await asyncio.shield(finishing)
             return llm
@@ -98,13 +100,19 @@ class Gate:
                 self._inflight.discard(running)
                 running.set_result(None)
 
-    async def _execute(self, skill, params: dict, user_id: str) -> RunResult:
-        """Where a call runs: the in-process handler of `## Builtin`, else a process (`## Execute`)."""
+    async def _execute(self, skill, params: dict, user_id: str):
+        """Run the skill by its kind — an MCP tool through its server, a `## Builtin` handler in
+        process, else its `## Execute` script; (facts, the model-visible result)."""
+        if skill.mcp is not None:
+            call = await self.mcp.call(skill, params)
+            return call, results.of_mcp(call)
         if skill.builtin is not None:
             if self.builtins is None:
                 raise RuntimeError(f"built-in skill {skill.name} but no built-in handlers were given")
-            return await self.builtins.run(skill, params, user_id)
-        return await self.runner.run(skill, params)
+            run = await self.builtins.run(skill, params, user_id)
+        else:
+            run = await self.runner.run(skill, params)
+        return run, results.of_run(run)
 
     def _finish(self, running: asyncio.Future, user_id: str, skill, approval_id, decision: str, tag: str,
                 started: float, result: RunResult | None, llm: dict, notify: Notify | None) -> asyncio.Task:

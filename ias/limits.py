@@ -98,3 +98,16 @@ CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to sta
 CLUSTER_STALE_WAIT = 10.0           # seconds a start is retried while a killed server's backends still exit
 CLUSTER_RETRY_PAUSE = 0.2           # seconds between those attempts
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
+
+# MCP servers (ias/mcp.py)
+MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list page and ping
+MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
+MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)
+MCP_TOOLS_MAX = 500                 # tools taken from one server
+MCP_DESCRIPTION_MAX = 2000          # characters of a tool's description given to the model (paid on every request)
+MCP_STDERR_LINE = 500               # characters of one server stderr line logged
+MCP_STDERR_LINES = 200              # stderr lines logged per server start; the rest are counted, not logged
+MCP_STOP_GRACE = 2.0                # seconds after stdin is closed before SIGTERM (then KILL_GRACE, then SIGKILL)
+MCP_RESTART_FIRST = 1.0             # seconds before restarting a server that died; doubled after each death
+MCP_RESTART_MAX = 60.0              # seconds between restarts at most
+MCP_UP_RESET = 60.0                 # seconds a server must stay up for its restart delay to start over

@@ -101,7 +101,9 @@ class Index:
 def tool_spec(skill) -> dict:
     """A skill as an OpenAI function tool."""
     return {"type": "function",
-            "function": {"name": skill.name, "description": skill.description, "parameters": skill.parameters}}
+            "function": {"name": skill.name, "description": skill.description,
+                         # an MCP tool: the schema its server announced (iAs validates a relaxed copy)
+                         "parameters": skill.mcp.schema if skill.mcp is not None else skill.parameters}}
 
 
 def spec_size(spec: dict) -> int:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from .limits import ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_RESULT_MAX
 
 if TYPE_CHECKING:
+    from .mcp import CallResult
     from .runner import RunResult
 
 
@@ -44,6 +45,59 @@ def of_run(run: RunResult) -> dict:
     if cut or truncated(run):
         result["truncated"] = True
     return result
+
+
+def of_mcp(call: CallResult) -> dict:
+    """The result of an MCP tools/call: text content joined; `isError` is a failure; structuredContent as
+    `data`; images, audio and resources summarised; text past STDOUT_TO_LLM bytes cut (truncated)."""
+    if call.timed_out:
+        return {"success": False, "error": f"技能执行超时（{_seconds(call.timeout)}s）：{call.skill}"}
+    if call.result is None:
+        return {"success": False, "error": f"MCP 服务调用失败：{call.skill}：{_tail(call.error or '')}"}
+    content = call.result.get("content")
+    parts = [_content_text(item) for item in content if isinstance(item, dict)] if isinstance(content, list) else []
+    text, cut = _cut_utf8("\n".join(p for p in parts if p), STDOUT_TO_LLM)
+    if call.result.get("isError") is True:
+        result = {"success": False, "error": text or f"MCP 工具报告错误：{call.skill}"}
+    else:
+        result = {"success": True, "output": text}
+        data = call.result.get("structuredContent")
+        if data is not None:
+            if len(json.dumps(data, ensure_ascii=False).encode("utf-8", "replace")) <= STDOUT_TO_LLM:
+                result["data"] = data
+            else:
+                cut = True
+    if cut:
+        result["truncated"] = True
+    return result
+
+
+def _content_text(item: dict) -> str:
+    """One content block as text: text as is; anything else a one-line summary, never its bytes."""
+    kind = item.get("type")
+    if kind == "text":
+        return item.get("text") if isinstance(item.get("text"), str) else ""
+    if kind in ("image", "audio"):
+        data = item.get("data") if isinstance(item.get("data"), str) else ""
+        return f"[{kind} {_short(item.get('mimeType'))}, {_decoded_size(data)} bytes]"
+    if kind == "resource" and isinstance(item.get("resource"), dict):
+        res = item["resource"]
+        size = (f"{len(res['text'])} characters" if isinstance(res.get("text"), str)
+                else f"{_decoded_size(res.get('blob'))} bytes")
+        return f"[resource {_short(res.get('uri'))} {_short(res.get('mimeType'))}, {size}]"
+    if kind == "resource_link":
+        return f"[resource link {_short(item.get('uri'))} {_short(item.get('name'))}]"
+    return f"[{_short(kind)} content]"
+
+
+def _decoded_size(data) -> int:
+    """Bytes a base64 text stands for (not decoded: only its size is told)."""
+    data = data.strip() if isinstance(data, str) else ""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def _short(value) -> str:
+    return str(value)[:200] if value is not None else ""
 
 
 def truncated(run: RunResult) -> bool:

@@ -139,6 +139,17 @@ class RunResult:
     started_at: float            # time.monotonic() right after the spawn
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Server:
+    """A running MCP server process: its pipes (the process's streams) and its private HOME."""
+    name: str
+    process: asyncio.subprocess.Process
+    home: str
+
+
+_SERVER_VAR = re.compile(r"\$(?:\{(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\}|(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\b)")
+
+
 @dataclass(slots=True, eq=False)
 class _Run:
     """Bookkeeping for one run, shared with kill_all()."""
@@ -207,6 +218,7 @@ class Runner:
         self._python = python
         self._kill_grace = kill_grace
         self._runs: set[_Run] = set()
+        self._servers: set[Server] = set()
 
     @property
     def run_dir(self) -> Path:
@@ -331,25 +343,86 @@ class Runner:
 
     def _environment(self, skill: Skill, params: dict, text: str, directory: str, home: str) -> dict[str, str]:
         """The child's whole environment, built from nothing."""
+        env = self._base_environment(skill.name, skill.env, directory, home)
+        env.update(_param_environment(params, text))
+        return env
+
+    def _base_environment(self, name: str, names: tuple[str, ...], directory: str, home: str) -> dict[str, str]:
+        """What every child gets: the fixed variables plus the `## Env` names, nothing else of ours."""
         env = {}
-        for name in skill.env:
-            value = self._environ.get(name)
-            if value is not None and name not in RESERVED_ENV and not name.startswith("IAS_PARAM_"):
-                env[name] = value
+        for key in names:
+            value = self._environ.get(key)
+            if value is not None and key not in RESERVED_ENV and not key.startswith("IAS_PARAM_"):
+                env[key] = value
         env.update(
             PATH=self._environ.get("PATH") or DEFAULT_PATH,
             LANG="C.UTF-8",
             TZ="Asia/Shanghai",
             HOME=home,
-            IAS_SKILL=skill.name,
+            IAS_SKILL=name,
             IAS_SKILL_DIR=directory,
             IAS_PYTHON=self._python,
             IAS_HOME=self._repo_root,
             PYTHONPATH=os.path.join(self._repo_root, "resources", "lib"),     # the ias_skill helper
             PYTHONDONTWRITEBYTECODE="1",        # a skill leaves nothing behind in the repository
         )
-        env.update(_param_environment(params, text))
         return env
+
+    # -- long-lived MCP servers (ias/mcp.py speaks to them; they are spawned and ended here) --
+
+    def server_command(self, words: tuple[str, ...], directory: str) -> list[str]:
+        """An `## MCP` command line's words with $IAS_PYTHON, $IAS_HOME and $IAS_SKILL_DIR put in."""
+        values = {"IAS_PYTHON": self._python, "IAS_HOME": self._repo_root, "IAS_SKILL_DIR": directory}
+        return [_SERVER_VAR.sub(lambda m: values[m[1] or m[2]], word) for word in words]
+
+    async def start_server(self, name: str, words: tuple[str, ...], directory: Path, env_names: tuple[str, ...],
+                           line_max: int) -> Server:
+        """Start an MCP server (no shell) in its own session, in its directory, with a scrubbed environment and
+        a private HOME under the run directory (so `recover` ends it if this process dies); raises OSError."""
+        directory = os.path.abspath(directory)
+        self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        pid, start = identity()
+        home = tempfile.mkdtemp(prefix=f"run-{pid}-{start}-mcp-", dir=self._run_dir)
+        try:
+            env = self._base_environment(name, env_names, directory, home)
+            argv = self.server_command(words, directory)
+            program = (shutil.which(argv[0], path=env["PATH"]) if "/" not in argv[0]
+                       else argv[0] if os.access(os.path.join(directory, argv[0]), os.X_OK) else None)
+            if program is None:    # said here: behind setpriv the exec error would be setpriv's words
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+            proc = await asyncio.create_subprocess_exec(
+                *_pdeathsig(), program, *argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, cwd=directory, env=env, start_new_session=True, limit=line_max)
+        except BaseException:
+            await _remove_tree(home)
+            raise
+        server = Server(name, proc, home)
+        self._servers.add(server)
+        log.info("mcp server %s started (pid %d)", name, proc.pid)
+        return server
+
+    async def stop_server(self, server: Server, grace: float) -> None:
+        """stdin closed, `grace` seconds to leave; then SIGTERM to the group, kill_grace, SIGKILL; reaped."""
+        proc = server.process
+        try:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            if proc.returncode is None:
+                try:
+                    await asyncio.wait_for(proc.wait(), grace)
+                except asyncio.TimeoutError:
+                    await self._terminate(proc.pid)
+            if _group_alive(proc.pid):          # what it left behind in its group
+                await self._terminate(proc.pid)
+            if not await _wait_for_process(proc, DRAIN_TIMEOUT):
+                log.warning("mcp server %s: a process that left its group still holds its pipes", server.name)
+        except BaseException:
+            _signal_group(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            self._servers.discard(server)
+            await _remove_tree(server.home)
+        log.info("mcp server %s stopped (exit %s)", server.name, proc.returncode)
 
 
 def recover(run_dir: Path) -> int:
@@ -488,6 +561,15 @@ async def _wait_for(event: asyncio.Event, timeout: float) -> bool:
         return True
     try:
         await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def _wait_for_process(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Wait for a reaped process's pipes to close (Process.wait waits for both); whether they did in time."""
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
     except asyncio.TimeoutError:
         return False
     return True

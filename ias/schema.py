@@ -301,3 +301,60 @@ _CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {
     "allOf": _ck_schema_list,
     "not": _ck_subschema,
 }
+
+
+# relax(): a schema from elsewhere (an MCP server's inputSchema) made fit for the subset
+
+_META = frozenset({"$schema", "$id", "$comment", "$defs", "definitions", "$anchor"})   # no effect on validation
+_SUBSCHEMA = frozenset({"additionalProperties", "items", "not"})
+_SCHEMA_LIST = frozenset({"anyOf", "oneOf", "allOf"})
+REF_EXPANSIONS_MAX = 1000          # `$ref`s inlined in one schema; past that a ref validates anything
+
+
+def relax(schema: dict) -> tuple[Any, list[str]]:
+    """`schema` with `$ref`s to its own `$defs`/`definitions` inlined (2020-12: a ref's siblings apply too), the
+    meta keywords (`$schema`, `$id`, `$comment`, `$defs`) removed and every keyword outside the subset dropped;
+    and a `path: message` line per dropped keyword or unresolvable ref. What is left is still to be check()ed."""
+    if hostile(schema) is not None:
+        return schema, []                    # check() reports it; nothing here may recurse into it
+    defs = {}
+    for key in ("definitions", "$defs"):
+        if isinstance(schema.get(key), dict):
+            defs.update({f"#/{key}/{name}": sub for name, sub in schema[key].items()})
+    dropped: list[str] = []
+    budget = [REF_EXPANSIONS_MAX]
+    return _relax(schema, "$", defs, (), dropped, budget), dropped
+
+
+def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], budget: list[int]) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out: dict = {}
+    for key, value in schema.items():
+        where = f"{path}{segment(key)}"
+        if key in _META:
+            continue
+        if key == "$ref":
+            target = defs.get(value) if isinstance(value, str) else None
+            if target is None or value in refs or budget[0] <= 0:
+                why = "recursive" if value in refs else "too many" if target is not None else "unresolvable"
+                dropped.append(f"{where}: {why} $ref {_q(value)}")
+                continue
+            budget[0] -= 1
+            inlined = _relax(target, path, defs, (*refs, value), dropped, budget)
+            out.setdefault("allOf", []).append(inlined)
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: _relax(sub, f"{where}{segment(name)}", defs, refs, dropped, budget)
+                        for name, sub in value.items()}
+        elif key == "items" and isinstance(value, list):
+            dropped.append(f"{where}: tuple-form items (a list)")
+        elif key in _SUBSCHEMA:
+            out[key] = _relax(value, where, defs, refs, dropped, budget)
+        elif key in _SCHEMA_LIST and isinstance(value, list):
+            out.setdefault(key, []).extend(_relax(sub, f"{where}[{i}]", defs, refs, dropped, budget)
+                                           for i, sub in enumerate(value))
+        elif key not in _CHECKERS or (key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool)):
+            dropped.append(f"{where}: unsupported keyword {_q(key)}")
+        else:
+            out[key] = value
+    return out

@@ -5,12 +5,13 @@ import json
 import logging
 import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import SkillError
-from .limits import SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
+from .limits import MCP_DESCRIPTION_MAX, SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,39 @@ class Skill:
     overrides: bool = False       # a user skill replacing a system skill of the same name
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
     builtin: str | None = None    # the in-process handler of ## Builtin (then `execute` is empty)
+    mcp: McpTool | None = None    # run as a tool of an MCP server instead of `execute`
 
     @property
     def high(self) -> bool:
         return self.risk == "high"
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    """How a skill made from an MCP tool is called: its server, the server's own name for the tool, and the
+    schema the server announced (what the model sees; `Skill.parameters` is the part iAs validates)."""
+    server: str
+    tool: str
+    schema: dict
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """A SKILL.md with `## MCP`: how to start the server, and the risk of its tools."""
+    name: str
+    command: tuple[str, ...]      # the words of the one command line (no shell)
+    risk: str                     # default risk of its tools
+    tools: dict | None            # `## Tools`: server tool name -> risk; when given, only these are exposed
+    timeout: float                # seconds per call
+    env: tuple[str, ...]
+    directory: Path
+    description: str
+    source: str = "user"
+    line: int = 1                 # line of `## MCP`, for problems found when the server runs
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "SKILL.md"
 
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -51,6 +81,7 @@ SECTION_ALIASES = {
     "timeout": "timeout", "超时": "timeout",
     "env": "env", "环境变量": "env",
     "builtin": "builtin", "内置": "builtin",
+    "mcp": "mcp", "tools": "tools", "工具": "tools",
 }
 REQUIRED_SECTIONS = ("risk", "parameters")
 EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
@@ -165,8 +196,8 @@ def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], w
     return blocks[0]
 
 
-def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
-    """Parse one SKILL.md; raise SkillError with every `path:line: message` problem found."""
+def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServer:
+    """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found."""
     from . import schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
     where = str(path)
@@ -182,12 +213,18 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
     if not description:
         problems.append(f"{where}:1: missing description (the text before the first ## heading)")
 
-    for key in REQUIRED_SECTIONS:
+    mcp = "mcp" in sections
+    if mcp:
+        problems.extend(f"{where}:{sections[key].line}: '## {sections[key].heading}' cannot go with '## MCP' "
+                        "(the server's tools bring their own)" for key in ("parameters", "execute") if key in sections)
+    elif "tools" in sections:
+        problems.append(f"{where}:{sections['tools'].line}: '## Tools' belongs to an MCP skill (one with '## MCP')")
+    for key in REQUIRED_SECTIONS if not mcp else ("risk",):
         if key not in sections:
             heading = {"risk": "Risk Level", "parameters": "Parameters"}[key]
             problems.append(f"{where}:1: missing required section '## {heading}'")
     kinds = [key for key in EXECUTION_SECTIONS if key in sections]
-    if not kinds:
+    if not kinds and not mcp:
         problems.append(f"{where}:1: missing required section '## Execute'")
     elif len(kinds) > 1:
         problems.append(f"{where}:{sections[kinds[1]].line}: a skill has either '## Execute' or '## Builtin', not both")
@@ -270,6 +307,13 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                 elif item not in env:
                     env.append(item)
 
+    if mcp:
+        command, tools = _mcp_sections(sections, problems, where)
+        if problems:
+            raise SkillError(problems)
+        return McpServer(name=name, command=command, risk=risk, tools=tools, timeout=timeout, env=tuple(env),
+                         directory=directory.resolve(), description=description, source=source,
+                         line=sections["mcp"].line)
     if problems:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
@@ -278,7 +322,38 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill:
                  builtin=builtin)
 
 
-def load_skill(directory: Path, source: str = "user") -> Skill:
+def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tuple[str, ...], dict | None]:
+    """`## MCP` (one command line, split as a shell would but never run by one) and `## Tools`."""
+    section = sections["mcp"]
+    lines = [(n, line) for n, line in _text(section)] + [(b.line, b.text.strip()) for b in section.blocks]
+    command: tuple[str, ...] = ()
+    if len(lines) != 1 or "\n" in lines[0][1]:
+        problems.append(f"{where}:{section.line}: '## MCP' needs exactly one line: the command that starts the server")
+    else:
+        try:
+            command = tuple(shlex.split(lines[0][1]))
+        except ValueError as exc:
+            problems.append(f"{where}:{lines[0][0]}: cannot split the '## MCP' command line: {exc}")
+        else:
+            if not command or not command[0]:
+                problems.append(f"{where}:{lines[0][0]}: '## MCP' command line is empty")
+    if "tools" not in sections:
+        return command, None
+    tools: dict[str, str] = {}
+    for number, line in _text(sections["tools"]):
+        tool, colon, value = line.rpartition(":") if ":" in line else line.rpartition("：")
+        tool = tool.strip().strip("`").strip()
+        risk = RISKS.get(value.strip().lower())
+        if not tool or risk is None:
+            problems.append(f"{where}:{number}: '## Tools' lines are 'tool: Low' or 'tool: High', got '{_clip(line)}'")
+        elif tool in tools:
+            problems.append(f"{where}:{number}: tool '{_clip(tool)}' is listed twice")
+        else:
+            tools[tool] = risk
+    return command, tools
+
+
+def load_skill(directory: Path, source: str = "user") -> Skill | McpServer:
     """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is."""
     path = Path(directory) / "SKILL.md"
     try:
@@ -313,7 +388,8 @@ class Registry:
 
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
-                 allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None):
+                 allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
+                 mcp_cache: Path | None = None):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -321,15 +397,28 @@ class Registry:
         self._roots = roots
         self._allow = frozenset(allow_risk_downgrade)
         self._seen: dict[Path, tuple] = {}   # SKILL.md -> stat signature at its last parse
-        self._parsed: dict[Path, Skill | SkillError] = {}
-        self._good: dict[Path, Skill] = {}   # last version of each file that loaded
+        self._parsed: dict[Path, Skill | McpServer | SkillError] = {}
+        self._good: dict[Path, Skill | McpServer] = {}   # last version of each file that loaded
         self._reported: set[str] = set()
         self._unreported: list[str] = []
         self._sorted: list[Skill] | None = None
         self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
+        self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
+        self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
+
+    def set_tools(self, server: str, skills: dict[str, Skill]) -> None:
+        """A server's tools as listed now (start, `tools/list_changed`): its old tool skills give way.
+        A name taken by a skill of another kind is left to that skill."""
+        for name in [n for n, s in self.skills.items() if s.mcp is not None and s.mcp.server == server]:
+            del self.skills[name]
+        for name, skill in skills.items():
+            if name not in self.skills:
+                self.skills[name] = skill
+        self.generation += 1
+        self._sorted = None
 
     def __iter__(self):
         if self._sorted is None:
@@ -388,6 +477,8 @@ class Registry:
         problems: list[str] = []
         system: dict[str, Skill] = {}
         user: dict[str, Skill] = {}
+        servers: dict[str, McpServer] = {}
+        tool_warnings: list[str] = []
         for path, (source, *_rest) in seen.items():
             outcome = self._parsed[path]
             if isinstance(outcome, SkillError):
@@ -398,10 +489,21 @@ class Registry:
                     continue
             else:
                 self._good[path] = outcome
-            (system if source == "system" else user)[outcome.name] = outcome
+            found = system if source == "system" else user
+            if isinstance(outcome, McpServer):
+                servers[outcome.name] = outcome
+                tools = cached_tools(self._mcp_cache, outcome) if self._mcp_cache is not None else None
+                if tools:
+                    made, bad, warned = mcp_skills(outcome, tools, self._allow)
+                    found.update(made)
+                    problems.extend(bad)
+                    tool_warnings.extend(warned)
+                continue
+            found[outcome.name] = outcome
         skills, warnings = _merge(system, user, self._allow)
         changed = first or skills != self.skills
-        self.skills, self.problems, self.warnings = skills, tuple(problems), tuple(warnings)
+        self.skills, self.problems, self.warnings = skills, tuple(problems), (*tool_warnings, *warnings)
+        self.servers = servers
         if changed:
             self.generation += 1
             self._sorted = None
@@ -462,6 +564,8 @@ def _write_cache(file: Path, entries: dict) -> None:
     """Cache every parse outcome by its file's stat signature (written whole, then renamed into place)."""
     out = {}
     for path, (signature, outcome) in entries.items():
+        if isinstance(outcome, McpServer):        # parsed again each time: its tools are cached apart
+            continue
         if isinstance(outcome, SkillError):
             spec = list(outcome.problems)
         else:
@@ -499,11 +603,14 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
-                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None) -> Registry:
+                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
+                  mcp_cache: Path | None = None) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
-    `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing)."""
+    `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
+    An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
+    so listing never waits for a server."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
-    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache)
+    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache)
     reg.reload()
     return reg
 
@@ -527,4 +634,93 @@ def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
-                         config.data_dir / SKILLS_CACHE if cached else None)
+                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config))
+
+
+# -- MCP tools as skills --
+
+_NOT_NAME = re.compile(r"[^a-z0-9_]")
+
+
+def mcp_cache(config) -> Path:
+    """Where the last tool list of each MCP server is kept."""
+    return config.data_dir / "mcp"
+
+
+def tool_skill_name(server: str, tool: str) -> str:
+    """`<skill>__<tool>`, lower-cased, other characters `_` (may still break the name rule: checked by the caller)."""
+    return f"{server}__{_NOT_NAME.sub('_', tool.lower())}"
+
+
+def cached_tools(cache: Path, server: McpServer) -> list | None:
+    """The tool list last written for `server` (by the same command line), else None."""
+    try:
+        data = json.loads((cache / f"{server.name}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("command") != list(server.command) or not isinstance(data.get("tools"), list):
+        return None
+    return data["tools"]
+
+
+def write_tools(cache: Path, server: McpServer, tools: list) -> None:
+    """Keep a server's tool list for the next command (written aside, then renamed into place)."""
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = cache / f"{server.name}.json"
+    temp = target.with_suffix(f".{os.getpid()}.tmp")
+    temp.write_text(json.dumps({"command": list(server.command), "tools": tools}, ensure_ascii=False), encoding="utf-8")
+    os.replace(temp, target)
+
+
+def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] = frozenset()
+               ) -> tuple[dict[str, Skill], list[str], list[str]]:
+    """A server's tools (as `tools/list` gave them) as skills; and the problems (tools left out) and warnings."""
+    from . import schema
+    where = f"{server.path}:{server.line}"
+    skills: dict[str, Skill] = {}
+    problems: list[str] = []
+    warnings: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            problems.append(f"{where}: mcp server '{server.name}' listed a tool without a name")
+            continue
+        raw = tool["name"]
+        if server.tools is not None and raw not in server.tools:
+            continue
+        name = tool_skill_name(server.name, raw)
+        label = f"{where}: tool '{_clip(raw)}' ({name})"
+        if not NAME_RE.match(name) or name in skills:
+            problems.append(f"{label}: the name breaks ^[a-z][a-z0-9_]{{0,63}}$ or is taken by another tool")
+            continue
+        given = tool.get("inputSchema")
+        if given is None:
+            given = {"type": "object"}
+        if not isinstance(given, dict) or given.get("type", "object") != "object":
+            problems.append(f"{label}: inputSchema must be a JSON Schema object with \"type\": \"object\"")
+            continue
+        relaxed, dropped = schema.relax(given)
+        warnings.extend(f"{label}: {d}; ignored for validation (the model still sees it)" for d in dropped)
+        try:
+            validator = schema.compile(relaxed)
+        except schema.SchemaError as exc:
+            problems.extend(f"{label}: {_clip(p, 300)}" for p in exc.problems)
+            continue
+        risk = server.tools.get(raw, server.risk) if server.tools is not None else server.risk
+        annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+        destructive = annotations.get("destructiveHint") is True or (
+            annotations.get("readOnlyHint") is False and annotations.get("destructiveHint") is not False)
+        if destructive and risk == "low" and name not in allow:
+            warnings.append(f"{label}: the server marks it destructive; kept High (allow it with "
+                            "[skills] allow_risk_downgrade in ias.toml)")
+            risk = "high"
+        description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+        title = tool.get("title") if isinstance(tool.get("title"), str) else raw
+        description = description.strip()[:MCP_DESCRIPTION_MAX] or title
+        skills[name] = Skill(name=name, title=title, description=description, risk=risk,
+                             parameters=relaxed, execute="", timeout=server.timeout, env=server.env,
+                             directory=server.directory, validator=validator, source=server.source,
+                             parameters_line=server.line, mcp=McpTool(server.name, raw, given))
+    listed = {t.get("name") for t in tools if isinstance(t, dict)}
+    for missing in sorted(set(server.tools or ()) - listed):
+        warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")
+    return skills, problems, warnings

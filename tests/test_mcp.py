@@ -1,0 +1,325 @@
+"""MCP servers as skills: the stdio client, the lifecycle and the gate, against tests/servers/mcp.py."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from ias import results, schema
+from ias.errors import SkillError
+from ias.mcp import PROTOCOL_VERSIONS, Servers
+from ias.skills import McpServer, cached_tools, load_registry, mcp_skills, parse_skill, tool_skill_name
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
+
+
+
+class McpTestCase(GateTestCase):
+    """The gate over tests/fixtures/mcp (servers `demo` and `picky`); the server's events in self.events."""
+    user_skills = FIXTURES / "mcp"
+    extra_env: dict = {}
+
+    def runner_environ(self) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(self.tmp / "events"), **self.extra_env}
+
+    async def asyncTearDown(self) -> None:
+        await self.app.mcp.close()
+        await super().asyncTearDown()
+
+    def events(self) -> list[str]:
+        path = self.tmp / "events"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def started(self) -> list[list[str]]:
+        return [line.split()[1:] for line in self.events() if line.startswith("start ")]
+
+    def audit(self) -> list[tuple]:
+        return self.sql("SELECT event, skill_name, risk, decision FROM audit_log ORDER BY id")
+
+
+class ListingTest(McpTestCase):
+    async def test_initialize_and_paged_listing_cached_for_the_next_command(self):
+        self.assertNotIn("demo__echo", [s.name for s in self.registry])      # never listed: nothing cached yet
+        tools, problems = await self.app.mcp.check("demo")
+        self.assertEqual(len(tools), 11)                                    # 6 pages of 2
+        self.assertIn("initialized", self.events())
+        self.assertIn("demo__lookup", tools)
+        self.assertEqual(self.registry.get("demo__echo").mcp.tool, "echo")
+        conn = self.app.mcp._live["demo"]
+        self.assertEqual(conn.protocol, PROTOCOL_VERSIONS[0])
+        # The next process lists the tools from the cache, starting nothing.
+        again = load_registry(None, self.user_skills, mcp_cache=self.tmp / "mcp")
+        self.assertEqual(sorted(s.name for s in again if s.mcp and s.mcp.server == "demo"), tools)
+        self.assertEqual(len(self.started()), 1)
+        self.assertTrue(any("propertyNames" in p and p.endswith("(warning)") for p in problems), problems)
+
+    async def test_allow_list_and_risks(self):
+        tools, problems = await self.app.mcp.check("picky")
+        self.assertEqual(tools, ["picky__add", "picky__echo", "picky__slow", "picky__wipe"])
+        risks = {name: self.registry.get(name).risk for name in tools}
+        self.assertEqual(risks, {"picky__add": "high", "picky__echo": "low", "picky__slow": "low",
+                                 "picky__wipe": "high"})           # wipe: destructiveHint keeps it High
+        self.assertTrue(any("'missing'" in p for p in problems), problems)
+        spec = self.registry.servers["picky"]
+        tools = cached_tools(self.tmp / "mcp", spec)
+        allowed, _, _ = mcp_skills(spec, tools, {"picky__wipe"})
+        self.assertEqual(allowed["picky__wipe"].risk, "low")
+
+    async def test_older_revision_accepted_unknown_refused(self):
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_VERSION": "2024-11-05"}))
+        await self.app.mcp.check("demo")
+        self.assertEqual(self.app.mcp._live["demo"].protocol, "2024-11-05")
+        await self.app.mcp.close()
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_VERSION": "1999-01-01"}))
+        tools, problems = await self.app.mcp.check("demo")
+        self.assertEqual(tools, [])
+        self.assertIn("speaks protocol revision '1999-01-01'", problems[0])
+        self.assertTrue(problems[0].startswith(f"{FIXTURES / 'mcp' / 'demo' / 'SKILL.md'}:5: "), problems[0])
+        # Its cached tools are still listed, and fail clearly; the other server's work.
+        result = await self.gate.call("owner", "demo__echo", {"text": "x"})
+        self.assertEqual(result["success"], False)
+        self.assertIn("1999-01-01", result["error"])
+        self.assertEqual(await self.gate.call("owner", "picky__echo", {"text": "y"}), {"success": True, "output": "y"})
+
+
+class CallTest(McpTestCase):
+    async def test_results_through_the_gate(self):
+        gate = self.gate
+        self.assertEqual(await gate.call("owner", "demo__echo", {"text": "你好"}), {"success": True, "output": "你好"})
+        self.assertEqual(await gate.call("owner", "demo__add", '{"a": 2, "b": 3}'),
+                         {"success": True, "output": "5", "data": {"sum": 5}})
+        self.assertEqual(await gate.call("owner", "demo__fail", {}), {"success": False, "error": "it went wrong"})
+        boom = await gate.call("owner", "demo__boom", {})
+        self.assertEqual(boom, {"success": False, "error": "MCP 服务调用失败：demo__boom：boom went the tool (code -32000)"})
+        media = await gate.call("owner", "demo__media", {})
+        self.assertEqual(media["output"].splitlines(), [
+            "see attached", "[image image/png, 100 bytes]", "[resource file:///tmp/x.txt text/plain, 1200 characters]"])
+        big = await gate.call("owner", "demo__big", {"size": 70000})
+        self.assertEqual((len(big["output"]), big["truncated"]), (64 * 1024, True))
+        self.assertEqual(await gate.call("owner", "demo__lookup", {"where": "上海"}), {"success": True, "output": "found 上海"})
+        self.assertEqual(len(self.started()), 1)                        # one warm server for every call
+        rows = self.audit()
+        self.assertEqual(rows[:2], [("skill_started", "demo__echo", "low", "auto"),
+                                    ("skill_finished", "demo__echo", "low", "auto")])
+        self.assertEqual(self.sql("SELECT truncated FROM audit_log WHERE skill_name = 'demo__big' "
+                                  "AND event = 'skill_finished'"), [(True,)])
+
+    async def test_invalid_arguments_never_reach_the_server(self):
+        result = await self.gate.call("owner", "demo__add", {"a": "x", "b": 1})
+        self.assertTrue(result["error"].startswith("参数错误：$.a"), result)
+        result = await self.gate.call("owner", "demo__lookup", {"where": "x"})     # via the inlined $ref
+        self.assertTrue(result["error"].startswith("参数错误：$.where"), result)
+        self.assertNotIn("call add", self.events())
+        self.assertNotIn("call lookup", self.events())
+
+    async def test_high_tool_needs_the_code(self):
+        task = asyncio.create_task(self.gate.call("owner", "picky__add", {"a": 1, "b": 1}, self.owner.notify))
+        code = await self.owner.code()
+        self.assertIn("技能：picky__add", self.owner.messages[-1])
+        self.assertNotIn("call add", self.events())
+        await self.approvals.redeem("owner", code)
+        self.assertEqual(await task, {"success": True, "output": "2", "data": {"sum": 2}})
+        self.assertIn(("skill_finished", "picky__add", "high", "approved"), self.audit())
+
+    async def test_timeout_cancels_the_request(self):
+        result = await self.gate.call("owner", "picky__slow", {})
+        self.assertEqual(result, {"success": False, "error": "技能执行超时（1s）：picky__slow"})
+        await until(lambda: any(line.startswith("cancelled ") for line in self.events()))
+        self.assertIn(("skill_finished", "picky__slow", "low", "timeout"), self.audit())
+        self.assertEqual(await self.gate.call("owner", "picky__echo", {"text": "still"}),
+                         {"success": True, "output": "still"})              # the same server goes on
+
+    async def test_crash_then_a_new_server_on_the_next_call(self):
+        await self.app.mcp.check("demo")
+        result = await self.gate.call("owner", "demo__crash", {})
+        self.assertFalse(result["success"])
+        self.assertIn("exited", result["error"])
+        self.assertEqual(await self.gate.call("owner", "demo__echo", {"text": "back"}),
+                         {"success": True, "output": "back"})
+        self.assertEqual(len(self.started()), 2)
+
+    async def test_list_changed_refreshes_the_skills(self):
+        await self.app.mcp.check("demo")
+        self.assertNotIn("demo__extra", [t["function"]["name"] for t in self.agent.catalog.select("")])
+        self.assertEqual((await self.gate.call("owner", "demo__grow", {}))["output"], "grown")
+        await until(lambda: self.registry.get("demo__extra") is not None)
+        self.assertIn("demo__extra", [t["function"]["name"] for t in self.agent.catalog.select("")])
+        self.assertIn("extra", json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
+
+    async def test_model_sees_the_servers_schema(self):
+        await self.app.mcp.check("demo")
+        spec = next(t for t in self.agent.catalog.select("") if t["function"]["name"] == "demo__lookup")
+        self.assertEqual(spec["function"]["parameters"]["$defs"]["place"]["propertyNames"], True)
+        self.assertNotIn("$defs", self.registry.get("demo__lookup").parameters)
+
+
+class LifecycleTest(McpTestCase):
+    def alive(self, pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def test_own_group_scrubbed_env_and_stop(self):
+        await self.app.mcp.check("demo")
+        pid, pgid, home = self.started()[0]
+        self.assertEqual(pid, pgid)                                         # its own process group
+        self.assertTrue(home.startswith(str(self.tmp / "runs")))
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            names = {item.split(b"=", 1)[0].decode() for item in f.read().split(b"\0") if item}
+        self.assertNotIn("IAS_DATABASE_URL", names)
+        self.assertIn("MCP_TEST_LOG", names)
+        await self.app.mcp.close()
+        self.assertIn("stdin closed", self.events())                        # asked politely first
+        self.assertFalse(self.alive(int(pid)))
+        self.assertFalse(Path(home).exists())
+
+    async def test_sigterm_when_stdin_is_not_enough(self):
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_IGNORE_TERM": "1"}))
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", stop_grace=0.1)
+        await servers.check("demo")
+        pid = int(self.started()[0][0])
+        os.kill(pid, signal.SIGSTOP)             # it cannot read stdin, and it ignores SIGTERM: only SIGKILL ends it
+        await servers.close()
+        self.assertFalse(self.alive(pid))
+
+    async def test_daemon_restarts_a_server_that_dies(self):
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", restart_first=0.05)
+        servers.keep()
+        try:
+            await until(lambda: len(self.started()) == 2)                  # demo and picky at start
+            pid = int(self.started()[0][0])
+            os.kill(pid, 9)
+            await until(lambda: len(self.started()) == 3)
+            self.assertFalse(self.alive(pid))                               # reaped
+        finally:
+            await servers.close()
+        for pid, _, _ in self.started():
+            self.assertFalse(self.alive(int(pid)))
+
+
+class SkillFileTest(unittest.TestCase):
+    def parse(self, text: str):
+        return parse_skill(Path("/x/srv/SKILL.md"), text)
+
+    def test_mcp_skill(self):
+        spec = self.parse("# S\n\nd\n\n## MCP\n`npx -y \"@scope/server x\" --flag`\n\n## Risk Level\nHigh\n\n"
+                          "## Tools\n- read_file: Low\n- write_file：高\n\n## Timeout\n12\n")
+        self.assertIsInstance(spec, McpServer)
+        self.assertEqual(spec.command, ("npx", "-y", "@scope/server x", "--flag"))
+        self.assertEqual((spec.risk, spec.tools, spec.timeout), ("high", {"read_file": "low", "write_file": "high"}, 12))
+
+    def test_problems(self):
+        for text, needle in (
+                ("# S\n\nd\n\n## MCP\nx\n\n## Risk Level\nLow\n\n## Execute\n```bash\ntrue\n```\n", "cannot go with"),
+                ("# S\n\nd\n\n## MCP\nx\ny\n\n## Risk Level\nLow\n", "exactly one line"),
+                ("# S\n\nd\n\n## MCP\nx 'open\n\n## Risk Level\nLow\n", "cannot split"),
+                ("# S\n\nd\n\n## MCP\nx\n\n## Risk Level\nLow\n\n## Tools\nread: Maybe\n", "'tool: Low'"),
+                ("# S\n\nd\n\n## MCP\nx\n\n", "missing required section '## Risk Level'"),
+                ("# S\n\nd\n\n## Risk Level\nLow\n\n## Tools\nread: Low\n\n## Parameters\n```json\n{\"type\": \"object\"}\n```"
+                 "\n\n## Execute\n```bash\ntrue\n```\n", "belongs to an MCP skill")):
+            with self.assertRaises(SkillError) as caught:
+                self.parse(text)
+            self.assertIn(needle, str(caught.exception))
+
+    def test_tool_names(self):
+        self.assertEqual(tool_skill_name("fs", "Read-File.v2"), "fs__read_file_v2")
+        spec = self.parse("# S\n\nd\n\n## MCP\nx\n\n## Risk Level\nLow\n")
+        skills, problems, _ = mcp_skills(spec, [{"name": "x" * 70}, {"name": "a.b"}, {"name": "a_b"}, {"oops": 1},
+                                                {"name": "t", "inputSchema": {"type": "array"}}])
+        self.assertEqual(list(skills), ["srv__a_b"])
+        self.assertEqual(len(problems), 4, problems)
+
+
+class RelaxTest(unittest.TestCase):
+    def test_draft07_and_refs(self):
+        given = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "x", "title": "T", "type": "object",
+                 "definitions": {"n": {"type": "integer", "minimum": 1}, "loop": {"$ref": "#/definitions/loop"}},
+                 "properties": {"n": {"$ref": "#/definitions/n", "description": "count"},
+                                "l": {"$ref": "#/definitions/loop"}, "o": {"$ref": "http://elsewhere/x"},
+                                "t": {"type": "array", "items": [{"type": "string"}], "contains": {}}},
+                 "patternProperties": {"^x": {}}}
+        relaxed, dropped = schema.relax(given)
+        self.assertEqual(schema.check(relaxed), [])
+        self.assertEqual(relaxed["properties"]["n"], {"allOf": [{"type": "integer", "minimum": 1}], "description": "count"})
+        self.assertEqual(schema.validate({"n": 0}, relaxed), ["$.n: must be >= 1"])
+        self.assertEqual(schema.validate({"n": 2, "t": [1]}, relaxed), [])
+        text = "\n".join(dropped)
+        for needle in ("recursive $ref", "unresolvable $ref 'http://elsewhere/x'", "$.properties.t.items",
+                       "'contains'", "$.patternProperties"):
+            self.assertIn(needle, text)
+        self.assertNotIn("$schema", text)
+        self.assertIn("$schema", given)                                       # the model's copy is untouched
+
+
+class ResultTest(unittest.TestCase):
+    def test_content_kinds(self):
+        from ias.mcp import CallResult
+        call = CallResult("s", 5, result={"content": [{"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
+                                                      {"type": "resource_link", "uri": "file:///a", "name": "a"},
+                                                      {"type": "weird"}, "junk"]})
+        self.assertEqual(results.of_mcp(call)["output"].splitlines(),
+                         ["[audio audio/wav, 3 bytes]", "[resource link file:///a a]", "[weird content]"])
+        self.assertEqual(results.of_mcp(CallResult("s", 5, result={"isError": True})),
+                         {"success": False, "error": "MCP 工具报告错误：s"})
+        huge = CallResult("s", 5, result={"content": [], "structuredContent": {"k": "v" * 70000}})
+        self.assertEqual(results.of_mcp(huge), {"success": True, "output": "", "truncated": True})
+
+
+class CliTest(unittest.TestCase):
+    def setUp(self):
+        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-mcp-cli-"))
+        self.env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": str(self.tmp),
+                    "IAS_SKILLS_DIR": str(FIXTURES / "mcp"), "MCP_TEST_LOG": str(self.tmp / "events")}
+        self.env.pop("IAS_CONFIG", None)
+
+    def tearDown(self):
+        drop_schema(self.schema_name)
+        subprocess.run(["rm", "-rf", str(self.tmp)])
+
+    def ias(self, *args: str, **env) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
+                              env={**self.env, **env}, cwd=self.tmp, timeout=60, stdin=subprocess.DEVNULL)
+
+    def test_skills_check_then_listing_and_run(self):
+        listed = self.ias("skills")
+        self.assertNotIn("demo__echo", listed.stdout)
+        self.assertIn("mcp server demo: tools not listed yet", listed.stderr)
+        check = self.ias("skills", "check")
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)    # warnings alone
+        self.assertIn("mcp server demo: 11 tools", check.stderr)
+        self.assertIn("propertyNames", check.stdout)
+        rows = {r["name"]: r for r in json.loads(self.ias("skills", "--json").stdout)}
+        self.assertEqual((rows["demo__echo"]["server"], rows["demo__wipe"]["risk"]), ("demo", "high"))
+        self.assertRegex(self.ias("skills").stdout, r"demo__echo\s+user\s+low\s+10s\s+demo")
+        run = self.ias("run", "demo__echo", '{"text": "hi"}')
+        self.assertEqual((run.returncode, json.loads(run.stdout)), (0, {"success": True, "output": "hi"}), run.stderr)
+        events = (self.tmp / "events").read_text().splitlines()
+        starts = [line.split()[1] for line in events if line.startswith("start ")]
+        self.assertEqual(len(starts), 3)                  # check: demo, picky; run: demo
+        self.assertEqual(events.count("stdin closed"), 3)  # every command stopped what it started
+        for pid in starts:
+            self.assertFalse(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text())
+
+    def test_run_starts_a_server_never_listed(self):
+        run = self.ias("run", "picky__echo", '{"text": "first"}')
+        self.assertEqual(json.loads(run.stdout), {"success": True, "output": "first"}, run.stderr)
+
+    def test_broken_server(self):
+        check = self.ias("skills", "check", IAS_SKILLS_DIR=str(FIXTURES / "mcp_broken"))
+        self.assertEqual(check.returncode, 1)
+        self.assertIn(f"{FIXTURES / 'mcp_broken' / 'ghost' / 'SKILL.md'}:5: mcp server ghost: cannot start",
+                      check.stdout)
+        doctor = self.ias("doctor", IAS_SKILLS_DIR=str(FIXTURES / "mcp_broken"))
+        self.assertRegex(doctor.stdout, r"FAIL  mcp server ghost: .*cannot start './no-such-server'")
+        run = self.ias("run", "get_current_datetime", '{"format": "date"}', IAS_SKILLS_DIR=str(FIXTURES / "mcp_broken"))
+        self.assertEqual(run.returncode, 0, run.stderr)                     # the other skills work
+
+
+if __name__ == "__main__":
+    unittest.main()
