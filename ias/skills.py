@@ -463,16 +463,17 @@ class Registry:
                 if hit is not None and hit[0] == signature:
                     self._parsed[path] = hit[1]
                     continue
-                fresh = True
                 try:
                     self._parsed[path] = load_skill(path.parent, signature[0])
                 except SkillError as exc:
                     self._parsed[path] = exc
+                fresh = fresh or not isinstance(self._parsed[path], McpServer)   # servers are not cached
         for gone in set(self._parsed) - set(seen):
             del self._parsed[gone]
             self._good.pop(gone, None)
         self._seen = seen
-        if self._cache and (fresh or len(cached) != len(seen)):
+        cacheable = sum(not isinstance(outcome, McpServer) for outcome in self._parsed.values())
+        if self._cache and (fresh or len(cached) != cacheable):
             _write_cache(self._cache, {path: (seen[path], self._parsed[path]) for path in seen})
         problems: list[str] = []
         system: dict[str, Skill] = {}
