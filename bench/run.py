@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ias.skills import load_registry  # noqa: E402
+from ias.registry import load_registry  # noqa: E402
 from ias.store import POOL_IDLE_CLOSE  # noqa: E402
 
 RESULTS: list[tuple[str, bool]] = []

@@ -21,7 +21,7 @@ from .approval import Notify, TurnBudget
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX
 from .ranker import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
-from .skills import Registry
+from .registry import Registry
 from .store import Store
 
 log = logging.getLogger(__name__)

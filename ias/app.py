@@ -32,7 +32,7 @@ from .router import Router
 from .runner import Runner, recover
 from .scheduler import Scheduler, retry_later
 from .mcp import Servers
-from .skills import Registry, mcp_cache, registry
+from .registry import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
 from .wechat_login import credentials

@@ -20,7 +20,8 @@ from .limits import FIND_SKILLS_DEFAULT
 
 if TYPE_CHECKING:
     from .runner import RunResult
-    from .skills import Registry, Skill
+    from .registry import Registry
+    from .skills import Skill
     from .store import Store
 
 # Handler name -> method of Builtins. skills.py checks `## Builtin` names against these keys

@@ -163,7 +163,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def cmd_skills(config, args) -> int:
-    from .skills import registry
+    from .registry import registry
     reg = registry(config, cached=args.action is None)
     if args.action == "check":
         mcp_problems = asyncio.run(_check_servers(config, reg)) if reg.servers else []
@@ -223,7 +223,7 @@ async def _server_checks(config, reg) -> list[tuple]:
     """Start each MCP server once and list its tools: (server, tool skill names, problems) each; all stopped."""
     from .mcp import Servers
     from .runner import Runner
-    from .skills import mcp_cache
+    from .registry import mcp_cache
     runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=config.environ)
     servers = Servers(reg, runner, mcp_cache(config), config.allow_risk_downgrade)
     found = []
@@ -314,7 +314,7 @@ async def cmd_doctor(config) -> int:
     """One line per check; exit 1 when any check fails."""
     from .app import open_llm, open_store
     from .approval import load_key
-    from .skills import registry
+    from .registry import registry
     failed = False
 
     def line(ok: bool | None, what: str, detail: str) -> None:

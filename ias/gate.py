@@ -26,7 +26,7 @@ from .audit import redact
 from .builtins import Builtins
 from .errors import StoreError
 from .runner import Runner, RunResult, alive, identity
-from .skills import Registry
+from .registry import Registry
 from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)

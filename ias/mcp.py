@@ -41,7 +41,8 @@ from .limits import (
     MCP_UP_RESET,
 )
 from .runner import Runner, Server
-from .skills import McpServer, Registry, Skill, mcp_skills, write_tools
+from .registry import Registry, mcp_skills, write_tools
+from .skills import McpServer, Skill
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ias.cron import TZ
 from ias.errors import SkillError
-from ias.skills import load_registry, load_skill
+from ias.registry import load_registry
+from ias.skills import load_skill
 from tests.support import CODE_LINE, REPO, GateTestCase
 
 _spawned: list[str] = []

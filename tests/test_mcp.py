@@ -12,7 +12,8 @@ from pathlib import Path
 from ias import results, schema
 from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
-from ias.skills import McpServer, cached_tools, load_registry, mcp_skills, parse_skill, tool_skill_name
+from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
+from ias.skills import McpServer, parse_skill
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
 
 

@@ -16,7 +16,7 @@ from ias.config import Config
 from ias.limits import MAX_TOOLS_CEILING
 from ias.llm import LLM
 from ias.ranker import Catalog, tokens
-from ias.skills import load_registry
+from ias.registry import load_registry
 from tests import skillset
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import REPO, StoreTestCase, capture_logs, drop_schema, fresh_schema_dsn

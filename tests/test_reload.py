@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ias.app import watch_skills
 from ias.llm import LLM
-from ias.skills import load_registry
+from ias.registry import load_registry
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs
 from tests.test_daemon import DaemonTestCase, Lines

@@ -15,7 +15,8 @@ from unittest import mock
 
 from ias.errors import SkillError
 from ias.limits import SKILL_FILE_MAX
-from ias.skills import load_registry, load_skill, parse_skill
+from ias.registry import load_registry
+from ias.skills import load_skill, parse_skill
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
 
