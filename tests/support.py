@@ -12,8 +12,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import uuid
@@ -57,6 +59,12 @@ def server_dsn() -> str:
                 cluster.stop()
                 shutil.rmtree(root, ignore_errors=True)
             atexit.register(cleanup)
+            if threading.current_thread() is threading.main_thread() \
+                    and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                def terminated(signum, _frame) -> None:     # `timeout`, a CI limit: no cluster left behind
+                    cleanup()
+                    os._exit(128 + signum)
+                signal.signal(signal.SIGTERM, terminated)
     return _server["dsn"]
 
 
