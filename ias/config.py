@@ -1,6 +1,7 @@
 """Configuration: optional ias.toml, overridden by the environment; secrets from the environment only."""
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ _SETTINGS = {
     "notify_email": ("IAS_NOTIFY_EMAIL", str),
     "notify_wecom_url": ("IAS_NOTIFY_WECOM_URL", str),
     "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
+    "notify_webhook_body": ("IAS_NOTIFY_WEBHOOK_BODY", str),
 }
 # Never read from ias.toml: a config file is too easily committed or shared.
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
@@ -61,6 +63,7 @@ class Config:
     notify_wecom_url: str | None = None
     notify_webhook_url: str | None = None
     notify_webhook_token: str | None = None
+    notify_webhook_body: str | None = None      # a JSON object template for the generic webhook
     skills_dir: Path = REPO_ROOT / "skills"
     system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()
@@ -163,6 +166,14 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
         if key in values:
             values[key] = absolute(values[key])
     config = Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env)
+    if config.notify_webhook_body is not None:
+        try:
+            body = json.loads(config.notify_webhook_body)
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict):
+            raise ConfigError("IAS_NOTIFY_WEBHOOK_BODY must be a JSON object, e.g. "
+                              '{"topic": "ias", "title": "{title}", "message": "{text}"}')
     if config.data_dir.exists() and not config.data_dir.is_dir():
         raise ConfigError(f"IAS_DATA_DIR {config.data_dir} is not a directory")
     return config

@@ -3,17 +3,20 @@
 Three kinds, each optional, none by default: e-mail to IAS_NOTIFY_EMAIL (sent with the
 IAS_SMTP_* settings the email skill uses), a WeCom group robot (`POST …/cgi-bin/webhook/send?key=…`
 with `{"msgtype": "text", "text": {"content": …}}`), and a generic JSON webhook (POST
-`{"title", "text", "kind"}`, optional `Authorization: Bearer IAS_NOTIFY_WEBHOOK_TOKEN`).
+`{"title", "text", "kind"}`, or the JSON of IAS_NOTIFY_WEBHOOK_BODY with `{title}`, `{text}` and
+`{kind}` filled in, for ntfy, Bark, PushPlus …; optional `Authorization: Bearer
+IAS_NOTIFY_WEBHOOK_TOKEN`).
 Each is tried NOTIFY_ATTEMPTS times; a message counts as carried when at least one notifier
 took it. The caller (outbox.py) never hands over a confirmation code.
 
-Not handled: body templates for other push services (use a small relay), HTML mail, attachments.
+Not handled: HTML mail, attachments, push services that take no JSON (use a small relay).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -73,13 +76,30 @@ class Webhook(Notifier):
     """A generic JSON webhook (ntfy, Bark, ServerChan, PushPlus … through their JSON endpoints or a relay)."""
     name = "webhook"
 
-    def __init__(self, url: str, token: str | None = None):
+    def __init__(self, url: str, token: str | None = None, body: dict | None = None):
         self.url = url
         self.token = token
+        self.body = body            # a template (parsed JSON), or None for {"title", "text", "kind"}
 
     def deliver(self, notice: Notice) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        _post_json(self.url, {"title": notice.title, "text": notice.text, "kind": notice.kind}, headers)
+        values = {"title": notice.title, "text": notice.text, "kind": notice.kind}
+        _post_json(self.url, values if self.body is None else _fill(self.body, values), headers)
+
+
+_PLACEHOLDER = re.compile(r"\{(title|text|kind)\}")
+
+
+def _fill(template, values: dict[str, str]):
+    """The template with the placeholders in its strings replaced, in one pass: the values are data
+    inside JSON strings, so a message can neither add a placeholder nor break the JSON."""
+    if isinstance(template, str):
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    if isinstance(template, dict):
+        return {key: _fill(value, values) for key, value in template.items()}
+    if isinstance(template, list):
+        return [_fill(value, values) for value in template]
+    return template
 
 
 class Email(Notifier):
@@ -127,7 +147,8 @@ def configured(config) -> list[Notifier]:
     if config.notify_wecom_url:
         found.append(WeComRobot(config.notify_wecom_url))
     if config.notify_webhook_url:
-        found.append(Webhook(config.notify_webhook_url, config.notify_webhook_token))
+        found.append(Webhook(config.notify_webhook_url, config.notify_webhook_token,
+                             json.loads(config.notify_webhook_body) if config.notify_webhook_body else None))
     return found
 
 

@@ -124,6 +124,13 @@ class DeliverySettingsTest(unittest.TestCase):
                          (72000.0, 5, 86400.0, 0.0))
         self.assertEqual((config.notify_email, config.notify_webhook_token), ("me@example.com", "t0k"))
 
+    def test_a_webhook_body_template_must_be_a_json_object(self):
+        template = '{"topic": "ias", "message": "{text}"}'
+        self.assertEqual(load(environ={"IAS_NOTIFY_WEBHOOK_BODY": template}).notify_webhook_body, template)
+        for value in ('["{text}"]', "{text}", "[" * 100_000):
+            with self.subTest(value=value[:12]), self.assertRaisesRegex(ConfigError, "must be a JSON object"):
+                load(environ={"IAS_NOTIFY_WEBHOOK_BODY": value})
+
     def test_bad_values_are_one_clear_error(self):
         for var, value, words in (("IAS_WECHAT_BUDGET", "1.5", "must be an integer"),
                                   ("IAS_WECHAT_BUDGET", "1", "between 2 and 100"),

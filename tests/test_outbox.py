@@ -14,7 +14,7 @@ from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
 from ias.cron import TZ
 from ias.ilink import Credentials
 from ias.llm import LLM
-from ias.notifiers import Email, Fallback, WeComRobot, Webhook
+from ias.notifiers import Email, Fallback, Notice, WeComRobot, Webhook
 from ias.outbox import Outbox
 from ias.scheduler import Scheduler, add_task
 from tests.servers.ilink import ILinkServer
@@ -254,6 +254,15 @@ class FallbackTest(OutboxTestCase):
         await self.outbox.tick()
         self.assertEqual(self.fallback_texts()[-1], "吃药")
         self.assertEqual(await self.store.queued(), [])
+
+    async def test_a_webhook_body_template_gets_the_notice_as_data(self):
+        template = {"topic": "ias", "title": "[{kind}] {title}", "message": "{text}", "tags": ["{kind}"], "n": 1}
+        hook = Webhook(self.hook.url, "t0k", template)
+        await asyncio.to_thread(hook.deliver, Notice("提醒", '吃药 "{title}" \\ {kind}', "reminder"))
+        _, _, headers, body = self.hook.requests[-1]
+        self.assertEqual(body, {"topic": "ias", "title": "[reminder] 提醒", "message": '吃药 "{title}" \\ {kind}',
+                                "tags": ["reminder"], "n": 1})       # placeholders in the text stay text
+        self.assertEqual(headers["authorization"], "Bearer t0k")
 
     async def test_queued_messages_expire_and_the_owner_is_told_how_many(self):
         await self.start()
