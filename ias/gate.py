@@ -132,16 +132,12 @@ class Gate:
     async def _record(self, user_id: str, skill, approval_id, decision: str, tag: str, started: float,
                       result: RunResult | None, llm: dict, notify: Notify | None) -> None:
         """skill_finished and the approval's result; if the store refuses, the owner hears the call ran."""
-        if result is None:
-            entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
-                               approval_id=approval_id, decision="cancelled", detail=tag,
-                               duration_ms=int((time.monotonic() - started) * 1000))
-        else:
-            entry = AuditEntry(
-                "skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk, approval_id=approval_id,
-                decision="timeout" if result.timed_out else decision, exit_code=result.exit_code,
-                duration_ms=int((time.monotonic() - started) * 1000), output_size=result.output_size,
-                truncated=results.truncated(result), detail=tag)
+        ended = {"decision": "cancelled"} if result is None else {
+            "decision": "timeout" if result.timed_out else decision, "exit_code": result.exit_code,
+            "output_size": result.output_size, "truncated": results.truncated(result)}
+        entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
+                           approval_id=approval_id, detail=tag, duration_ms=int((time.monotonic() - started) * 1000),
+                           **ended)
         saved = True
         try:
             await self.store.audit(entry)
