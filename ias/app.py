@@ -104,11 +104,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     the owner goes through (its clock is `now` too; `fallback` None: the notifiers config names).
     """
     skills = registry(config)
-    # No database URL reaches a skill, even one naming it in ## Env: the task skills are built in.
-    environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
-               "IAS_DATA_DIR": str(config.data_dir.resolve())}
-    runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
-                    python=sys.executable)
+    runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade)
@@ -124,6 +120,17 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                         **({"now": now} if now is not None else {}))
         router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
     return App(config, store, skills, runner, approvals, gate, agent, router, outbox, mcp)
+
+
+def make_runner(config: Config) -> Runner:
+    """The runner for `config` (also `skills check`'s, which starts MCP servers without a database).
+
+    No database URL reaches a skill, even one naming it in ## Env: the task skills are built in.
+    """
+    environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
+               "IAS_DATA_DIR": str(config.data_dir.resolve())}
+    return Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
+                  python=sys.executable)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:

@@ -221,10 +221,10 @@ def _over_one_request(config, reg) -> str | None:
 
 async def _server_checks(config, reg) -> list[tuple]:
     """Start each MCP server once and list its tools: (server, tool skill names, problems) each; all stopped."""
+    from .app import make_runner
     from .mcp import Servers
-    from .runner import Runner
     from .registry import mcp_cache
-    runner = Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=config.environ)
+    runner = make_runner(config)
     servers = Servers(reg, runner, mcp_cache(config), config.allow_risk_downgrade)
     found = []
     try:
