@@ -74,7 +74,9 @@ class Gate:
             outcome = await self.approvals.request(user_id, skill, params, notify, turn)
             if outcome.status != "approved":
                 return results.refused(outcome.status, name)
-            params = outcome.approval.params        # exactly what the owner saw and confirmed
+            # Exactly what the owner saw and confirmed: the approval's copy in this process's memory,
+            # never params read back from the database (a writer there cannot choose what runs).
+            params = outcome.approval.params
             approval_id = outcome.approval.id
             decision = "approved"
 

@@ -38,7 +38,6 @@ SKILLS_SCAN_INTERVAL = 3.0          # seconds between the daemon's stat scans of
 
 # Approvals
 APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
-MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
 SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
 
 # Command line

@@ -214,6 +214,13 @@ def _make_storable(conn: psycopg.AsyncConnection) -> None:
 
 
 _APPROVAL_FIELDS = "id, created_at, expires_at, user_id, skill_name, params, code_hash, attempts_left, status, result, consumed_at"
+# The row is still the one the daemon rendered: same user, skill, HMAC and params (jsonb text, so
+# 1 and 1.0 differ). The values come from `_bound_args`.
+_BOUND_TO = "user_id = %s AND skill_name = %s AND code_hash = %s AND params::text = (%s::jsonb)::text"
+
+
+def _bound_args(bound: Approval) -> tuple:
+    return (bound.user_id, bound.skill_name, bound.code_hash, Jsonb(bound.params))
 
 
 def _audit_values(entry: AuditEntry) -> list:
@@ -460,16 +467,22 @@ class Store:
                 await conn.execute(_AUDIT_INSERT, _audit_values(entry))
             return row
 
-    async def approve(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
-        """pending → approved, if still pending and unexpired; None when someone else won or it ended."""
+    async def approve(self, bound: Approval, code_hash: str, entry: AuditEntry) -> Approval | None:
+        """pending → approved, if still pending, unexpired and exactly `bound`; None otherwise.
+
+        `bound` is the daemon's own copy of the row (what the owner was shown) and `code_hash`
+        the HMAC of the code the owner sent over it: the row approves only while it holds that
+        user, skill, params and HMAC, checked by the statement that approves it, so a writer who
+        changes the row first, or holds it locked and commits a change meanwhile, wins nothing.
+        """
         return await self._transition(
             f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
-            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (approval_id, user_id), entry)
+            (bound.id, *_bound_args(replace(bound, code_hash=code_hash))), entry)
 
-    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
-        """One wrong code: attempts_left - 1, and rejected when none are left.
+    async def spend_attempt(self, bound: Approval, entry: AuditEntry) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left; only while the row is `bound`.
 
         `entry` is the wrong_code audit row; for the last attempt it is written as approval_rejected.
         """
@@ -477,17 +490,33 @@ class Store:
             f"UPDATE pending_approvals SET attempts_left = attempts_left - 1, "
             f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
             f"consumed_at = CASE WHEN attempts_left - 1 <= 0 THEN clock_timestamp() END "
-            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (approval_id, user_id), entry)
+            (bound.id, *_bound_args(bound)), entry)
 
-    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry) -> Approval | None:
-        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending."""
+    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry,
+                             bound: Approval | None = None) -> Approval | None:
+        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending
+        (and, given the daemon's copy `bound`, still exactly that row)."""
         assert status in ("rejected", "expired")
+        if bound is None:                       # a restart: no copy survives the process that asked
+            return await self._transition(
+                f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
+                f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
+                (status, approval_id), entry)
         return await self._transition(
             f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
-            f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
-            (status, approval_id), entry)
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
+            (status, approval_id, *_bound_args(bound)), entry)
+
+    async def close_tampered(self, approval_id: uuid.UUID, entry: AuditEntry) -> None:
+        """Another writer changed (or approved, or deleted) this approval: end it as expired, whatever
+        it says now, and write its `tampered` audit row, together."""
+        async with self._tx() as conn:
+            await conn.execute("UPDATE pending_approvals SET status = 'expired', "
+                               "consumed_at = coalesce(consumed_at, clock_timestamp()) "
+                               "WHERE id = %s AND status IN ('pending', 'approved')", (approval_id,))
+            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
 
     async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
         async with self._conn() as conn:
