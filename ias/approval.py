@@ -1,11 +1,15 @@
 """The approval gate's heart: confirmation codes, their HMAC, the owner's message and replies.
 
 A High-risk call creates one `pending_approvals` row, sends the owner a message rendered from
-that row (the only place the code ever appears) and waits, event-driven, until the owner's
-reply or the timeout settles it. Every transition is one compare-and-set UPDATE in the store,
-committed with its audit row, so a code works at most once even with concurrent replies. The
-store gets finished values: the HMAC over the params as the row will hold them
-(`Store.normalised`), and each transition's audit row.
+the daemon's own copy of that row (the only place the code ever appears) and waits,
+event-driven, until the owner's reply or the timeout settles it. Every transition is one
+compare-and-set UPDATE in the store, committed with its audit row and bound to the row still
+being that copy (user, skill, params, HMAC), so a code works at most once even with concurrent
+replies, and what runs is the copy the owner saw: a database writer who approves, edits or
+deletes the row gets a `tampered` ending, never a run. The store gets finished values: the HMAC
+over the params as the row will hold them (`Store.normalised`), and each transition's audit row.
+The message shows characters by an allow-list (`escape_visible`) and labels only what the
+skill's schema declares.
 A call is not asked at all when its message would not fit one WeChat message, or when the
 owner's message that led to it already asked APPROVALS_PER_TURN approvals (`TurnBudget`).
 Not handled: approving from a different user or channel than the one the call came from.

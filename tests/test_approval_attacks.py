@@ -14,12 +14,22 @@ from tests.support import GateTestCase
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
 TAMPERED_REPLY = "待确认的操作在数据库中被改动，未执行：mark_high"
 APPROVE_EVIL = "UPDATE pending_approvals SET status = 'approved', params = jsonb_set(params, '{note}', '\"evil\"')"
+EVIL_FUNCTION = ("CREATE FUNCTION evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "NEW.params := jsonb_set(NEW.params, '{note}', '\"evil\"'); RETURN NEW; END $$")
 SWAP_PARAMS = "UPDATE pending_approvals SET params = jsonb_set(params, '{note}', '\"evil\"')"
 
 
 class DatabaseWriterTest(GateTestCase):
     def decisions(self) -> list[tuple]:
         return self.sql("SELECT event, decision FROM audit_log WHERE event LIKE 'approval_%%' ORDER BY id")
+
+    async def reply_after(self, statement: str, reply=lambda code: code) -> None:
+        """A High call; the writer runs `statement` while it waits; the owner's reply meets a tampered row."""
+        task = self.call_high(note="harmless")
+        code = await self.owner.code()
+        self.sql(statement)
+        self.assertEqual(await self.approvals.redeem("owner", reply(code)), TAMPERED_REPLY)
+        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
 
     def assertNothingRan(self) -> None:
         self.assertEqual(self.runs(), 0)
@@ -30,51 +40,29 @@ class DatabaseWriterTest(GateTestCase):
 
     async def test_a_row_set_approved_never_runs_when_the_approval_times_out(self):
         self.approvals.timeout = 0.5
-        task = self.call_high(note="harmless")
-        await self.owner.code()
-        self.sql(APPROVE_EVIL)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
-        self.assertNothingRan()
-
-    async def test_a_row_set_approved_with_its_own_params_never_runs_either(self):
-        self.approvals.timeout = 0.5
-        task = self.call_high(note="harmless")
-        await self.owner.code()
-        self.sql("UPDATE pending_approvals SET status = 'approved'")
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
-        self.assertNothingRan()
+        for statement in (APPROVE_EVIL, "UPDATE pending_approvals SET status = 'approved' WHERE status = 'pending'"):
+            with self.subTest(statement=statement):
+                task = self.call_high(note="harmless")
+                await self.owner.code()
+                self.sql(statement)
+                self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+                self.assertNothingRan()
 
     async def test_a_row_set_approved_never_runs_when_the_owner_cancels(self):
-        task = self.call_high(note="harmless")
-        await self.owner.code()
-        self.sql(APPROVE_EVIL)
-        self.assertEqual(await self.approvals.redeem("owner", "0"), TAMPERED_REPLY)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+        await self.reply_after(APPROVE_EVIL, lambda code: "0")
         self.assertNothingRan()
 
     async def test_a_row_set_approved_never_runs_when_the_owner_sends_the_code(self):
-        task = self.call_high(note="harmless")
-        code = await self.owner.code()
-        self.sql("UPDATE pending_approvals SET status = 'approved'")
-        self.assertEqual(await self.approvals.redeem("owner", code), TAMPERED_REPLY)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+        await self.reply_after("UPDATE pending_approvals SET status = 'approved'")
         self.assertNothingRan()
 
     async def test_swapped_params_never_run_with_the_right_code(self):
-        task = self.call_high(note="harmless")
-        code = await self.owner.code()
-        self.sql(SWAP_PARAMS)
-        self.assertEqual(await self.approvals.redeem("owner", code), TAMPERED_REPLY)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+        await self.reply_after(SWAP_PARAMS)
         self.assertNothingRan()
         self.assertNotIn(("approval_wrong_code", "wrong_code"), self.decisions())     # the owner's code was right
 
     async def test_swapped_params_end_the_approval_on_a_wrong_code_too(self):
-        task = self.call_high(note="harmless")
-        code = await self.owner.code()
-        self.sql(SWAP_PARAMS)
-        self.assertEqual(await self.approvals.redeem("owner", f"{(int(code) + 1) % 10 ** 6:06d}"), TAMPERED_REPLY)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+        await self.reply_after(SWAP_PARAMS, lambda code: f"{(int(code) + 1) % 10 ** 6:06d}")
         self.assertNothingRan()
 
     async def test_a_row_approved_while_the_message_fails_to_go_out_never_runs(self):
@@ -85,11 +73,7 @@ class DatabaseWriterTest(GateTestCase):
         self.assertNothingRan()
 
     async def test_a_deleted_row_ends_the_approval_as_tampered(self):
-        task = self.call_high(note="harmless")
-        code = await self.owner.code()
-        self.sql("DELETE FROM pending_approvals")
-        self.assertEqual(await self.approvals.redeem("owner", code), TAMPERED_REPLY)
-        self.assertEqual(await asyncio.wait_for(task, 5), EXPIRED)
+        await self.reply_after("DELETE FROM pending_approvals")
         self.assertEqual(self.runs(), 0)
         self.assertIn(("approval_tampered", "tampered"), self.decisions())
 
@@ -110,8 +94,7 @@ class DatabaseWriterTest(GateTestCase):
 
     async def test_a_trigger_rewriting_the_approved_row_runs_nothing(self):
         """The approving UPDATE itself returns other params (a BEFORE trigger): the daemon's copy decides."""
-        self.sql("CREATE FUNCTION evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                 "NEW.params := jsonb_set(NEW.params, '{note}', '\"evil\"'); RETURN NEW; END $$")
+        self.sql(EVIL_FUNCTION)
         task = self.call_high(note="harmless")
         code = await self.owner.code()
         self.sql("CREATE TRIGGER evil BEFORE UPDATE ON pending_approvals FOR EACH ROW "
@@ -121,8 +104,7 @@ class DatabaseWriterTest(GateTestCase):
         self.assertNothingRan()
 
     async def test_a_trigger_rewriting_the_row_as_it_is_created_asks_nothing(self):
-        self.sql("CREATE FUNCTION evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                 "NEW.params := jsonb_set(NEW.params, '{note}', '\"evil\"'); RETURN NEW; END $$")
+        self.sql(EVIL_FUNCTION)
         self.sql("CREATE TRIGGER evil BEFORE INSERT ON pending_approvals FOR EACH ROW EXECUTE FUNCTION evil()")
         self.assertEqual(await asyncio.wait_for(self.call_high(note="harmless"), 5), EXPIRED)
         self.assertEqual(self.owner.messages, [])
