@@ -4,6 +4,12 @@ While a user has a pending approval, their messages go to it and never reach the
 code-shaped message with nothing pending is intercepted too, so a late or mistyped code never
 lands in the model's context. While the database is lost (see monitor.py) every message gets
 one short answer instead of a turn.
+
+One user's messages are handled in the order they arrived, whatever each looks up first (SPEC 8,
+"Order"); their replies are queued in that order too. The exceptions are the answers that cannot
+wait: an approval reply answers the turn that waits for it, a reply that releases a held
+confirmation message or says 继续 only lets out what waits, and the database-down answer comes at
+once. Different users never wait for each other.
 """
 from __future__ import annotations
 

@@ -186,7 +186,8 @@ class OrderTest(RouterTestCase):
         await until(pidfile.exists)
         second = self.deliver("/help")                  # the owner again: waits for the first turn
         await self.deliver("/help", user="guest")        # someone else: answered at once
-        self.assertEqual(self.wechat.sent, [("guest", HELP)])
+        await self.deliver("123456", user="guest")       # their stray code too (it waits for their turns only)
+        self.assertEqual(self.wechat.sent, [("guest", HELP), ("guest", NOTHING_PENDING)])
         self.assertEqual(self.router.users_in_turn, 1)
         wake.touch()
         await asyncio.gather(first, second)
