@@ -194,3 +194,18 @@ class OrderTest(RouterTestCase):
         owner = [reply for user, reply in self.wechat.sent if user == "owner"]
         self.assertEqual([json.loads(owner[0]), owner[1]], [{"success": True, "output": "woke\n"}, HELP])
         self.assertEqual(self.router.users_in_turn, 0)      # nobody's lock is kept once their turns end
+
+
+class ShutdownTest(RouterTestCase):
+    async def test_cancelling_leaves_no_line_behind(self):
+        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
+        await until(pidfile.exists)
+        queued = [self.deliver(line) for line in ("/help", "123456", "/skills")]
+        await until(lambda: self.router.dispatching == 4)
+        await self.router.cancel()
+        wake.touch()                                   # in case the skill outlived its turn
+        await asyncio.gather(first, *queued)
+        self.assertEqual(self.router.users_in_turn, 0)
+        await self.deliver("/help")                    # no place left behind holds the owner up
+        self.assertEqual(self.wechat.sent, [("owner", HELP)])
