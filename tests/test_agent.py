@@ -199,7 +199,7 @@ class BoundsTest(AgentTestCase):
         model = self.scripted(ask(*(("echo_low", {"text": str(i)}) for i in range(10_000))), Reply("done", ()))
         started = time.monotonic()
         self.assertEqual(await self.agent.turn("owner", "flood", None), "done")
-        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertLess(time.monotonic() - started, 10.0)      # ~1 s on an idle machine; 10,000 runs took 42 s
         tools = [m for m in model.request(1) if m["role"] == "tool"]
         self.assertEqual(len(tools), 10_000)
         self.assertEqual([t["tool_call_id"] for t in tools], [f"call_{i}" for i in range(10_000)])
