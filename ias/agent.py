@@ -8,7 +8,8 @@ scan) before each turn, so an added or fixed skill is used without a restart.
 Tool calls go through the gate, so the model sees results and the fixed refusal strings, never
 the approval itself. At most TOOL_CALLS_MAX calls of one model response run; the rest are
 answered as refused, and the history keeps the model's calls only within those bounds
-(`results.calls_for_history`), so nothing the model sends grows later requests without limit. History is stored per user; a bounded window is sent back each turn.
+(`results.calls_for_history`), so nothing the model sends grows later requests without limit.
+History is stored per user; a bounded window is sent back each turn.
 Not handled: streaming replies, images, summarising history that falls out of the window.
 """
 from __future__ import annotations
@@ -141,7 +142,7 @@ class Agent:
         return reply
 
     async def _refuse(self, user_id: str, calls) -> None:
-        """Calls past the first TOOL_CALLS_MAX of one model response run not: one audit row for them all."""
+        """Calls past the first TOOL_CALLS_MAX of one model response are not run: one audit row for them all."""
         names = ", ".join(dict.fromkeys(results.shown_name(c.name) for c in calls))
         await self.store.audit(AuditEntry(
             "skill_refused", user_id=user_id, decision="too_many_calls",
