@@ -28,6 +28,9 @@ HISTORY_WINDOW = 24                 # stored messages sent back to the model
 LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
+TOOL_CALLS_MAX = 16                 # tool calls of one model response that are run; the rest are refused unrun
+ARGUMENTS_MAX = 64 * 1024           # bytes of one call's arguments as JSON text; longer is refused before validation
+TOOL_NAME_SHOWN = 200               # characters of a called tool's name echoed to the model or kept in history
 MAX_TOOLS_DEFAULT = 32              # tools offered per model request (IAS_MAX_TOOLS)
 MAX_TOOLS_CEILING = 128             # never more: OpenAI's endpoint refuses a request with more tools
 TOOLS_BYTES_DEFAULT = 12 * 1024     # bytes of tool definitions per model request (IAS_TOOLS_BYTES)
@@ -35,6 +38,10 @@ TOOLS_BYTES_MIN = 1024              # a smaller IAS_TOOLS_BYTES is a configurati
 FIND_SKILLS_DEFAULT = 8             # skills find_skills names when the model gives no limit
 RECENT_SKILLS_MAX = 8               # skills used recently in the conversation that stay offered
 SKILLS_SCAN_INTERVAL = 3.0          # seconds between the daemon's stat scans of the skill directories
+
+# Audit log
+AUDIT_VALUE_MAX = 4 * 1024          # bytes of one parameter value kept in an audit row; longer: a prefix and its SHA-256
+AUDIT_KEY_MAX = 256                 # bytes of one top-level parameter name kept in an audit row, the same way
 
 # Approvals
 APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
