@@ -178,16 +178,16 @@ class HelpersTest(unittest.TestCase):
     def test_plain_login_only_to_loopback_unless_allowed(self):
         mail = mail_script()
         for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.53"):
-            mail.refuse_plain_login("IAS_SMTP", "none", host, USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", host, USER)
         with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
-            mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
-        mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
-        mail.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
+        mail.smtp.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
+        mail.smtp.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
         os.environ["IAS_IMAP_ALLOW_PLAIN_LOGIN"] = "1"
         self.addCleanup(os.environ.pop, "IAS_IMAP_ALLOW_PLAIN_LOGIN")
-        mail.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
+        mail.smtp.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
         with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN"):
-            mail.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
 
 
 class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
