@@ -299,8 +299,9 @@ class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertFailure(result, "IAS_SMTP_HOST")
         result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_USER": USER})
         self.assertFailure(result, "IAS_SMTP_PASSWORD")
-        result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": "maybe"})
-        self.assertFailure(result, "IAS_SMTP_SSL")
+        for mode in ("maybe", "tls", "plain"):          # never a guess: `tls` once meant ssl, `plain` none
+            result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": mode})
+            self.assertFailure(result, "IAS_SMTP_SSL must be ssl, starttls or none")
         result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": "none"})
         self.assertFailure(result, "IAS_SMTP_FROM")
         result = await self.run_email({"action": "list_unread"}, {})
