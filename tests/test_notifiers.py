@@ -9,15 +9,13 @@ from __future__ import annotations
 import email
 import email.policy
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 from unittest import mock
 
 from ias.config import load
 from ias.notifiers import Email, Notice, configured
-from tests.servers.mail import SMTPServer, make_certificate, server_context
+from tests.servers.mail import SMTPServer, WithCertificate
 from tests.support import SKILL_LIB
 
 USER, PASSWORD = "bot@example.com", "授权码-ñ"
@@ -59,17 +57,7 @@ class EmailTest(unittest.TestCase):
             Email("me@example.com", None).deliver(NOTICE)
 
 
-class TLSTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cert_dir = tempfile.mkdtemp(prefix="ias-notify-cert-")
-        cls.cert, key = make_certificate(cls.cert_dir)
-        cls.context = server_context(cls.cert, key)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.cert_dir, ignore_errors=True)
-
+class TLSTest(WithCertificate, unittest.TestCase):
     def test_ssl_and_starttls_then_login(self):
         for mode in ("ssl", "starttls"):
             with self.subTest(mode=mode), SMTPServer(USER, PASSWORD, tls=mode, context=self.context) as smtp, \

@@ -25,7 +25,7 @@ from ias.gate import Gate
 from ias.runner import Runner
 from ias.skills import load_skill
 from tests.servers import closed_port
-from tests.servers.mail import IMAPServer, SMTPServer, make_certificate, server_context
+from tests.servers.mail import IMAPServer, SMTPServer, WithCertificate
 from tests.support import REPO, SkillsTestCase, load_script
 
 SKILL = load_skill(REPO / "resources" / "skills" / "email", "system")
@@ -433,19 +433,8 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertEqual(imap.violations, [])
 
 
-class TLSTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
+class TLSTest(WithCertificate, _SkillRun, unittest.IsolatedAsyncioTestCase):
     """Implicit TLS and STARTTLS against a self-signed certificate trusted through SSL_CERT_FILE."""
-
-    @classmethod
-    def setUpClass(cls):
-        # The openssl command-line tool makes the certificate; without it this class fails, never skips.
-        cls.cert_dir = tempfile.mkdtemp(prefix="ias-email-cert-")
-        cls.cert, key = make_certificate(cls.cert_dir)
-        cls.context = server_context(cls.cert, key)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.cert_dir, ignore_errors=True)
 
     async def test_smtp_ssl_and_starttls(self):
         send = {"action": "send", "to": "x@example.org", "subject": "加密", "body": "TLS 你好"}

@@ -40,7 +40,6 @@ import email.header
 import email.utils
 import html.parser
 import imaplib
-import os
 import re
 import signal
 from email.errors import HeaderParseError
