@@ -76,7 +76,9 @@ def wheel_bindir() -> Path | None:
 
 
 def _has_server(directory: Path) -> bool:
-    return all((directory / name).is_file() and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
+    # os.path.isfile, not Path.is_file: an unreadable directory (PATH holding /root/bin while
+    # running as another user) is "not here", where Path.is_file raises PermissionError.
+    return all(os.path.isfile(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
 
 
 def _version(directory: str) -> int:
@@ -89,7 +91,7 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
     """The directory holding initdb, pg_ctl and postgres: on PATH, else the newest `system` match, else the wheel's."""
     candidates = []
     for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        if entry and (Path(entry) / "pg_ctl").is_file():
+        if entry and os.path.isfile(os.path.join(entry, "pg_ctl")):     # never raises (see _has_server)
             candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
     candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
     bundled = wheel()

@@ -173,6 +173,12 @@ class BadInputTest(CliTestCase):
         deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # well-formed, but deeper than allowed
         self.assert_one_line(deep, 2, "nested deeper than 64 levels")
 
+    def test_bad_mail_settings(self):
+        self.env.update(IAS_NOTIFY_EMAIL="me@example.com", IAS_SMTP_HOST="smtp.qq.com", IAS_SMTP_PORT="abc")
+        self.assert_one_line(self.ias("doctor"), 1, "IAS_SMTP_PORT must be a port number")
+        self.env.update(IAS_SMTP_PORT="465", IAS_SMTP_SSL="tls")
+        self.assert_one_line(self.ias("--once", "/help"), 1, "IAS_SMTP_SSL must be ssl, starttls or none")
+
     def test_junk_database_url(self):
         for url, needle in [("junk", 'invalid database connection string: missing "=" after "junk"'),
                             ("postgresql://[::1", "invalid database connection string"),

@@ -269,6 +269,25 @@ class BindirTestCase(unittest.TestCase):
         system = self.server("lib/postgresql/15/bin")
         self.assertEqual(self.find(str(self.tmp / "client/bin")), system)
 
+    def test_an_unreadable_path_entry_is_skipped(self):
+        # As another user (root reads any directory): PATH=/root/bin:… under runuser.
+        locked = self.server("locked")
+        locked.chmod(0o000)
+        system = self.server("lib/postgresql/15/bin")
+        self.tmp.chmod(0o755)
+        (self.tmp / "lib").chmod(0o755)
+        code = ("import sys; from pathlib import Path; from ias.pgcluster import find_bindir; "
+                "print(find_bindir(path=sys.argv[1], system=sys.argv[2], wheel=lambda: None))")
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        try:
+            result = subprocess.run([*drop, sys.executable, "-c", code, f"{locked}:/nonexistent",
+                                     str(self.tmp / "lib/postgresql/*/bin")], cwd=REPO, capture_output=True,
+                                    text=True, env={"PATH": os.defpath, "PYTHONPATH": str(REPO)}, timeout=60)
+        finally:
+            locked.chmod(0o755)             # so that tearDown can remove it when not root
+        self.assertEqual((result.returncode, result.stderr), (0, ""))
+        self.assertEqual(result.stdout.strip(), str(system))
+
     def test_the_newest_system_version_before_the_wheel(self):
         self.server("lib/postgresql/9/bin")
         newest = self.server("lib/postgresql/15/bin")
