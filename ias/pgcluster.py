@@ -118,7 +118,15 @@ def wheel_bindir() -> Path | None:
 
 
 def _has_server(directory: Path) -> bool:
-    return all((directory / name).is_file() and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
+    return all(_is_file(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, False for a directory closed to this user too (/root/bin on root's PATH under runuser)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _version(directory: str) -> int:
@@ -131,7 +139,7 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
     """The directory holding initdb, pg_ctl and postgres: on PATH, else the newest `system` match, else the wheel's."""
     candidates = []
     for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        if entry and (Path(entry) / "pg_ctl").is_file():
+        if entry and _is_file(Path(entry) / "pg_ctl"):
             candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
     candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
     bundled = wheel()

@@ -257,8 +257,9 @@ class PasswordTestCase(ClusterCase):
             self.assertIn("Permission denied", read.stderr)
         self.assertTrue(self.answers())                   # with the file: in
 
-    def legacy_cluster(self) -> None:
-        """A data directory as iAs made it before passwords: initdb --auth=trust, ias.conf included."""
+    def legacy_cluster(self, *, running: bool = False) -> None:
+        """A data directory as iAs made it before passwords: initdb --auth=trust, ias.conf included; `running`:
+        its server started, as an older daemon would have it."""
         self.datadir.mkdir(mode=0o700)
         owner = {}
         if os.geteuid() == 0:                            # as root, initdb runs as `postgres`
@@ -270,6 +271,23 @@ class PasswordTestCase(ClusterCase):
                        timeout=120, **owner)
         with open(self.datadir / "postgresql.conf", "a") as conf:
             conf.write("\ninclude_if_exists = 'ias.conf'\n")
+        if running:
+            options = f"-c unix_socket_directories={self.datadir} -c listen_addresses='' -c fsync=off"
+            subprocess.run([str(find_bindir() / "pg_ctl"), "start", "-D", str(self.datadir), "-w", "-o", options,
+                            "-l", str(self.datadir / "server.log")], cwd="/", capture_output=True, check=True,
+                           timeout=120, **owner)
+
+    def test_a_trust_server_still_running_is_joined_and_closed_when_it_next_starts(self):
+        self.legacy_cluster(running=True)
+        cluster = Cluster(self.datadir, fsync=False)
+        with psycopg.connect(cluster.start(), autocommit=True) as conn:     # an older daemon's server: joined
+            self.assertEqual(conn.execute("SELECT 1").fetchone(), (1,))
+        self.assertFalse(cluster.passfile.exists())
+        cluster.stop()                                   # the last user stops it
+        self.assertFalse(cluster.running())
+        self.started()
+        self.assertIn("no password supplied", self.refused(make_conninfo(cluster.dsn, passfile=self.nowhere)))
+        self.assertTrue(self.answers())
 
     def test_a_cluster_made_with_trust_is_closed_on_its_next_start(self):
         self.legacy_cluster()
@@ -396,6 +414,24 @@ class BindirTestCase(unittest.TestCase):
         onpath.mkdir()
         (onpath / "pg_ctl").symlink_to(real / "pg_ctl")     # e.g. /usr/local/bin/pg_ctl alone
         self.assertEqual(self.find(f"/nonexistent:{onpath}", self.server("wheel/bin")), real)
+
+    def test_a_path_entry_closed_to_this_user_is_skipped(self):
+        """/root/bin on root's PATH, kept by runuser: stat inside it fails with EACCES."""
+        closed = self.tmp / "closed"
+        closed.mkdir(mode=0o700)
+        system = self.server("lib/postgresql/15/bin")
+        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster import find_bindir; "
+                  "print(find_bindir(path=sys.argv[2], system=sys.argv[3], wheel=lambda: None))")
+        os.chmod(self.tmp, 0o755)
+        who = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+        if not who:
+            closed.chmod(0)                              # not root: closed to ourselves
+            self.addCleanup(closed.chmod, 0o700)
+        python = sys.executable if not who else shutil.which("python3", path="/usr/bin:/bin")
+        done = subprocess.run([python, "-c", script, str(REPO), f"{closed}:/nonexistent",
+                               str(self.tmp / "lib/postgresql/*/bin")], cwd="/", capture_output=True, text=True,
+                              timeout=60, **who)
+        self.assertEqual(done.stdout.strip(), str(system), done.stderr)
 
     def test_a_path_entry_without_initdb_is_skipped(self):
         self.server("client/bin", programs=("pg_ctl",))
