@@ -340,7 +340,7 @@ class Cluster:
                                f"{errors[0].partition('ERROR:')[2].strip()}")
         self._write("pg_hba.conf", HBA)
         self._save_password(password)
-        log.info("embedded PostgreSQL in %s: password authentication set up (was trust)", self.datadir)
+        log.info("embedded PostgreSQL in %s: a new password set up (the cluster had no password file)", self.datadir)
 
     def _save_password(self, password: str) -> None:
         """The password in libpq's passfile format, mode 0600, written whole or not at all."""
