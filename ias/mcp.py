@@ -5,14 +5,15 @@ to the log, a bounded number of cut lines per start. A session is `initialize` (
 revision iAs speaks is offered; a server answering with one iAs does not speak is refused),
 then `notifications/initialized`. Used: `tools/list` (following `nextCursor`), `tools/call`,
 `ping`; a call that times out is followed by `notifications/cancelled`. A server's
-`notifications/tools/list_changed` makes iAs list its tools again and replace its skills.
+`notifications/tools/list_changed` makes iAs list its tools again and replace its skills (a tool that
+appears or changes after the first listing is High until the restart: changes.py).
 Requests from the server are answered: `ping` with an empty result, anything else with
 "method not found" (iAs offers no roots, sampling or elicitation).
 
 Lifecycle (`Servers`): a server is started by the runner (its own process group, the
 scrubbed environment) on first use, or at daemon start by `keep`, which also restarts one
 that dies, with a delay doubling from MCP_RESTART_FIRST to MCP_RESTART_MAX. Each listing is
-written to the data directory (skills.write_tools), so `ias skills` shows the tools without
+written to the data directory (registry.write_tools), so `ias skills` shows the tools without
 starting anything. `close` stops every server this process started: stdin closed, then
 SIGTERM and SIGKILL to its group.
 
@@ -342,11 +343,12 @@ class Servers:
         """List the tools, cache the list, put them in the registry; keep the problems and warnings found."""
         tools = await conn.list_tools()
         await asyncio.to_thread(write_tools, self.cache, spec, tools)
-        skills, problems, warnings = mcp_skills(spec, tools, self.allow)
-        self.registry.set_tools(spec.name, skills)
-        for line in (*problems, *warnings):
+        # Schemas become validators in a worker thread: bounded work (mcp_skills), but never on the loop.
+        listing = await asyncio.to_thread(mcp_skills, spec, tools, self.allow, self.registry.compiled(spec.name))
+        self.registry.set_tools(spec, listing)
+        for line in (*listing.problems, *listing.warnings):
             log.warning("%s", line)
-        self.findings[spec.name] = [*problems, *(f"{w} (warning)" for w in warnings)]
+        self.findings[spec.name] = [*listing.problems, *(f"{w} (warning)" for w in listing.warnings)]
 
     def _notified(self, name: str, method: str) -> None:
         """A server's notification: only tools/list_changed means anything to iAs."""

@@ -66,7 +66,7 @@ class ListingTest(McpTestCase):
         self.assertTrue(any("'missing'" in p for p in problems), problems)
         spec = self.registry.servers["picky"]
         tools = cached_tools(self.tmp / "mcp", spec)
-        allowed, _, _ = mcp_skills(spec, tools, {"picky__wipe"})
+        allowed = mcp_skills(spec, tools, {"picky__wipe"}).skills
         self.assertEqual(allowed["picky__wipe"].risk, "low")
 
     async def test_older_revision_accepted_unknown_refused(self):
@@ -230,10 +230,10 @@ class SkillFileTest(unittest.TestCase):
     def test_tool_names(self):
         self.assertEqual(tool_skill_name("fs", "Read-File.v2"), "fs__read_file_v2")
         spec = self.parse("# S\n\nd\n\n## MCP\nx\n\n## Risk Level\nLow\n")
-        skills, problems, _ = mcp_skills(spec, [{"name": "x" * 70}, {"name": "a.b"}, {"name": "a_b"}, {"oops": 1},
-                                                {"name": "t", "inputSchema": {"type": "array"}}])
-        self.assertEqual(list(skills), ["srv__a_b"])
-        self.assertEqual(len(problems), 4, problems)
+        listing = mcp_skills(spec, [{"name": "x" * 70}, {"name": "a.b"}, {"name": "a_b"}, {"oops": 1},
+                                    {"name": "t", "inputSchema": {"type": "array"}}])
+        self.assertEqual(list(listing.skills), ["srv__a_b"])
+        self.assertEqual(len(listing.problems), 4, listing.problems)
 
 
 class RelaxTest(unittest.TestCase):
