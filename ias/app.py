@@ -354,7 +354,7 @@ async def watch_skills(registry: Registry, console: Channel, user: str,
             except StoreError as exc:
                 log.warning("skill change not told yet (%s): %s", exc, note)
                 break
-            log.warning("skill change told to the owner: %s", note)
+            log.info("skill change told to the owner: %s", note)
             changes.pop(0)
         await asyncio.sleep(interval)
 

@@ -21,11 +21,15 @@ across restarts except what the MCP tool cache holds.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from .skills import McpServer, Skill
 
+log = logging.getLogger(__name__)
+
 ADDED, LOWERED, MODIFIED = "added", "lowered", "modified"
+_LOGGED = {ADDED: "added", LOWERED: "asks for a lower risk; kept High until the restart", MODIFIED: "changed"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +77,7 @@ class Changes:
                 if before == after:
                     continue
                 kind = LOWERED if _lowered(name, before, after, self.high) else ADDED if before is None else MODIFIED
-                self._pending.append(Change(name, kind))
+                self._queue(Change(name, kind))
         self._states = states
         self.high.update(name for name, spec in specs.items() if isinstance(spec, McpServer) and spec.risk == "high")
 
@@ -91,8 +95,10 @@ class Changes:
                 out[name] = skill
                 continue
             out[name] = replace(skill, risk="high")
-            if command == server.command:
-                self._tell(name, ADDED if tool not in known else MODIFIED)
+            kind = ADDED if tool not in known else MODIFIED
+            if command == server.command and (name, kind) not in self._told:
+                self._told.add((name, kind))
+                self._queue(Change(name, kind), " after the server's first listing; High until the restart")
         return out
 
     def hold(self, skills: dict[str, Skill]) -> dict[str, Skill]:
@@ -102,10 +108,10 @@ class Changes:
         self.high.update(name for name, skill in out.items() if skill.high)
         return out
 
-    def _tell(self, name: str, kind: str) -> None:
-        if (name, kind) not in self._told:
-            self._told.add((name, kind))
-            self._pending.append(Change(name, kind))
+    def _queue(self, change: Change, why: str = "") -> None:
+        # Logged too: a one-off command (`ias run`) has no owner to tell but its terminal.
+        log.warning("skill %s %s%s", change.name, _LOGGED[change.kind], why)
+        self._pending.append(change)
 
     def take(self) -> list[Change]:
         """The changes found since the last call, oldest first (each is handed out once)."""
