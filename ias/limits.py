@@ -105,6 +105,7 @@ MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list pag
 MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
 MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)
 MCP_TOOLS_MAX = 500                 # tools taken from one server
+MCP_LIST_BYTES_MAX = 4 * 1024 * 1024  # bytes of tools/list pages; no further page is asked for past it
 MCP_SCHEMA_NODES_TOTAL = 50_000    # the same for all of one server's tool schemas together (~1 s of CPU)
 MCP_DESCRIPTION_MAX = 2000          # characters of a tool's description given to the model (paid on every request)
 MCP_STDERR_LINE = 500               # characters of one server stderr line logged

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from .limits import (
     MCP_LINE_MAX,
+    MCP_LIST_BYTES_MAX,
     MCP_PAGES_MAX,
     MCP_PROTOCOL_TIMEOUT,
     MCP_RESTART_FIRST,
@@ -104,17 +105,25 @@ class Connection:
         await self.notify("notifications/initialized")
 
     async def list_tools(self, timeout: float = MCP_PROTOCOL_TIMEOUT) -> list[dict]:
-        """Every tool, page by page (at most MCP_PAGES_MAX pages and MCP_TOOLS_MAX tools)."""
+        """Every tool, page by page (at most MCP_PAGES_MAX pages, MCP_TOOLS_MAX tools, and no page asked for
+        once MCP_LIST_BYTES_MAX bytes came: what a listing costs to digest and cache grows with its size)."""
         tools: list[dict] = []
         cursor = None
+        size = 0
         for _ in range(MCP_PAGES_MAX):
-            result = await self.request("tools/list", {"cursor": cursor} if cursor is not None else {}, timeout)
+            result, bytes_ = await self._request("tools/list", {"cursor": cursor} if cursor is not None else {},
+                                                 timeout)
             page = result.get("tools")
             if not isinstance(page, list):
                 raise McpError(f"mcp server {self.name}: tools/list result has no tools list")
             tools.extend(page)
+            size += bytes_
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or len(tools) >= MCP_TOOLS_MAX:
+                break
+            if size >= MCP_LIST_BYTES_MAX:
+                log.warning("mcp server %s: tools/list passed %d bytes; the pages after it are left out",
+                            self.name, MCP_LIST_BYTES_MAX)
                 break
         else:
             log.warning("mcp server %s: tools/list still had pages after %d; the rest is left out",
@@ -293,6 +302,7 @@ class Servers:
         self._live: dict[str, Connection] = {}
         self._starting: dict[str, asyncio.Lock] = {}
         self._keepers: list[asyncio.Task] = []
+        self._listings: dict[str, int] = {}       # server -> listings begun (only the newest one is applied)
         self._closing = False
         self.errors: dict[str, str] = {}          # server -> why it is unavailable
         self.findings: dict[str, list[str]] = {}  # server -> problems and warnings of its last listing
@@ -341,14 +351,17 @@ class Servers:
 
     async def _refresh(self, spec: McpServer, conn: Connection) -> None:
         """List the tools, cache the list, put them in the registry; keep the problems and warnings found."""
+        number = self._listings[spec.name] = self._listings.get(spec.name, 0) + 1
         tools = await conn.list_tools()
-        await asyncio.to_thread(write_tools, self.cache, spec, tools)
         # Schemas become validators in a worker thread: bounded work (mcp_skills), but never on the loop.
         listing = await asyncio.to_thread(mcp_skills, spec, tools, self.allow, self.registry.compiled(spec.name))
+        if number != self._listings[spec.name]:
+            return                                # a newer listing (list_changed again) overtook this one
         self.registry.set_tools(spec, listing)
         for line in (*listing.problems, *listing.warnings):
             log.warning("%s", line)
         self.findings[spec.name] = [*listing.problems, *(f"{w} (warning)" for w in listing.warnings)]
+        await asyncio.to_thread(write_tools, self.cache, spec, tools)
 
     def _notified(self, name: str, method: str) -> None:
         """A server's notification: only tools/list_changed means anything to iAs."""

@@ -357,7 +357,7 @@ class Listing:
     problems: list[str]                    # tools left out
     warnings: list[str]
     digests: dict[str, str] = field(default_factory=dict)    # every listed tool -> _digest of what it says
-    compiled: dict = field(default_factory=dict, repr=False)  # schema digest -> _Compiled (reused by the next listing)
+    compiled: dict = field(default_factory=dict, repr=False)  # tool digest -> _Compiled (reused by the next listing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,20 +371,18 @@ class _Compiled:
     too_large: bool = False
 
 
-def _hash(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-                          .encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _digest(tool: dict, schema_digest: str) -> str:
+def _digest(tool: dict) -> str:
     """What a change of makes a tool High until the restart: its name, title, description, schema, annotations."""
-    return _hash([tool.get("name"), tool.get("title"), tool.get("description"), tool.get("annotations"),
-                  schema_digest])
+    said = [tool.get(key) for key in ("name", "title", "description", "annotations", "inputSchema")]
+    return hashlib.sha256(json.dumps(said, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+                          .encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _compile(given: dict, budget: int) -> _Compiled:
     """`given` relaxed and compiled within `budget` schema nodes (at most SCHEMA_NODES_MAX)."""
     from . import schema
+    if budget <= 0:
+        return _Compiled(0, too_large=True)
     nodes = [budget]
     try:
         relaxed, dropped = schema.relax(given, nodes)
@@ -415,8 +413,8 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         raw = tool["name"]
         given = tool.get("inputSchema")
         try:
-            key = _hash(given)
-            digests.setdefault(raw, _digest(tool, key))
+            key = _digest(tool)
+            digests.setdefault(raw, key)
         except (ValueError, TypeError, RecursionError):
             problems.append(f"{where}: tool '{_clip(raw)}' cannot be read (nested too deep)")
             continue

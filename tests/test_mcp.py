@@ -17,7 +17,7 @@ from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
+from tests.support import FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fresh_schema_dsn, until
 
 
 
@@ -71,6 +71,15 @@ class ListingTest(McpTestCase):
         tools = cached_tools(self.tmp / "mcp", spec)
         allowed = mcp_skills(spec, tools, {"picky__wipe"}).skills
         self.assertEqual(allowed["picky__wipe"].risk, "low")
+
+    async def test_no_page_is_asked_for_past_the_listing_byte_limit(self):
+        big = self.tmp / "big.json"
+        big.write_text(json.dumps([{"name": f"big{i}", "description": "x" * 200_000} for i in range(30)]))
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(big)}))
+        records = capture_logs(self)
+        tools, _ = await self.app.mcp.check("demo")
+        self.assertTrue(11 + 18 <= len(tools) < 11 + 30, len(tools))     # ~4 MiB: about 21 of the 30 tools of 200 kB
+        self.assertTrue(any("the pages after it are left out" in r.getMessage() for r in records))
 
     async def test_older_revision_accepted_unknown_refused(self):
         self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_VERSION": "2024-11-05"}))
