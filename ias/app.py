@@ -108,7 +108,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
-    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade)
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = outbox = None

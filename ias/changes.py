@@ -81,6 +81,11 @@ class Changes:
         self._states = states
         self.high.update(name for name, spec in specs.items() if isinstance(spec, McpServer) and spec.risk == "high")
 
+    def as_first(self, server: McpServer, digests: dict[str, str]) -> bool:
+        """Whether a listing holds nothing but tools of the server's first listing, unchanged (or is the first)."""
+        first = self._first.get(server.name)
+        return first is None or (first[0] == server.command and all(first[1].get(t) == d for t, d in digests.items()))
+
     def tools(self, server: McpServer, skills: dict[str, Skill], digests: dict[str, str]) -> dict[str, Skill]:
         """A server's tool skills with the first-listing rule applied; the first listing seen is remembered."""
         first = self._first.get(server.name)

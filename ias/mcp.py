@@ -14,7 +14,8 @@ Lifecycle (`Servers`): a server is started by the runner (its own process group,
 scrubbed environment) on first use, or at daemon start by `keep`, which also restarts one
 that dies, with a delay doubling from MCP_RESTART_FIRST to MCP_RESTART_MAX. Each listing is
 written to the data directory (registry.write_tools), so `ias skills` shows the tools without
-starting anything. `close` stops every server this process started: stdin closed, then
+starting anything; one that changed since the first listing only by the daemon, which tells the
+owner (the cache is the next process's first listing). `close` stops every server this process started: stdin closed, then
 SIGTERM and SIGKILL to its group.
 
 Not handled: resources, prompts, sampling, progress notifications, the HTTP transports, and
@@ -291,8 +292,11 @@ class Servers:
 
     def __init__(self, registry: Registry, runner: Runner, cache, allow: frozenset[str] = frozenset(), *,
                  restart_first: float = MCP_RESTART_FIRST, restart_max: float = MCP_RESTART_MAX,
-                 stop_grace: float = MCP_STOP_GRACE):
+                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False):
         self.registry = registry
+        # Only a process that tells the owner (the daemon) caches a listing that changed since the first:
+        # the cache is the first listing of the next process, where a changed tool is Low again.
+        self.tells_owner = tells_owner
         self.runner = runner
         self.cache = cache
         self.allow = allow
@@ -357,11 +361,12 @@ class Servers:
         listing = await asyncio.to_thread(mcp_skills, spec, tools, self.allow, self.registry.compiled(spec.name))
         if number != self._listings[spec.name]:
             return                                # a newer listing (list_changed again) overtook this one
-        self.registry.set_tools(spec, listing)
+        as_first = self.registry.set_tools(spec, listing)
         for line in (*listing.problems, *listing.warnings):
             log.warning("%s", line)
         self.findings[spec.name] = [*listing.problems, *(f"{w} (warning)" for w in listing.warnings)]
-        await asyncio.to_thread(write_tools, self.cache, spec, tools)
+        if as_first or self.tells_owner:
+            await asyncio.to_thread(write_tools, self.cache, spec, tools)
 
     def _notified(self, name: str, method: str) -> None:
         """A server's notification: only tools/list_changed means anything to iAs."""

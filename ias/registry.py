@@ -65,9 +65,11 @@ class Registry:
         listed = self._listed.get(server)
         return listed[1].compiled if listed is not None else {}
 
-    def set_tools(self, server: McpServer, listing: Listing) -> None:
+    def set_tools(self, server: McpServer, listing: Listing) -> bool:
         """A server's tools as listed now (start, `tools/list_changed`): its old tool skills give way.
-        A name taken by a skill of another kind is left to that skill."""
+        A name taken by a skill of another kind is left to that skill. Whether the listing holds only
+        tools of the first listing, unchanged (changes.py)."""
+        as_first = self.changes.as_first(server, listing.digests)
         self._listed[server.name] = (server, listing)
         made = self.changes.hold(self.changes.tools(server, listing.skills, listing.digests))
         for name in [n for n, s in self.skills.items() if s.mcp is not None and s.mcp.server == server.name]:
@@ -77,6 +79,7 @@ class Registry:
                 self.skills[name] = skill
         self.generation += 1
         self._sorted = None
+        return as_first
 
     def take_changes(self) -> list[Change]:
         """Skills added or changed since the last call (none for those loaded at start), each handed out once."""

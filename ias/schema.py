@@ -337,8 +337,8 @@ def relax(schema: dict, nodes: list[int] | None = None) -> tuple[Any, list[str]]
     try:
         relaxed = _relax(schema, "$", defs, (), dropped, budget, 1)
     except _TooLarge as exc:
-        raise SchemaError([f"$: {exc.args[0] if exc.args else f'more than {limit} schema nodes after $ref expansion'}"]
-                          ) from None
+        why = exc.args[0] if exc.args else f"more than {limit} schema nodes after $ref expansion"
+        raise SchemaError([f"$: {why}"]) from None
     if len(dropped) > DROPPED_MAX:
         dropped[DROPPED_MAX:] = [f"$: and {len(dropped) - DROPPED_MAX} more keywords or $refs left out"]
     return relaxed, dropped

@@ -160,7 +160,8 @@ class CallTest(McpTestCase):
         self.assertEqual((await self.gate.call("owner", "demo__grow", {}))["output"], "grown")
         await until(lambda: self.registry.get("demo__extra") is not None)
         self.assertIn("demo__extra", [t["function"]["name"] for t in self.agent.catalog.select("")])
-        self.assertIn("extra", json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
+        # Not cached by a process that does not tell the owner: the daemon's start lists it as new.
+        self.assertNotIn("extra", json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
 
     async def test_model_sees_the_servers_schema(self):
         await self.app.mcp.check("demo")
@@ -199,7 +200,16 @@ class FirstListingTest(McpTestCase):
         await self.approvals.redeem("owner", await self.owner.code())
         self.assertEqual(await task, {"success": True, "output": "extra ran"})
         self.assertIn(("skill_finished", "demo__extra", "high", "approved"), self.audit())
-        await self.app.mcp.close()
+
+    async def test_the_daemon_caches_a_changed_listing_for_its_restart(self):
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", tells_owner=True)
+        try:
+            await servers.check("demo")
+            await servers.call(self.registry.get("demo__grow"), {})
+            await until(lambda: "extra" in json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
+            self.assertEqual(self.registry.get("demo__extra").risk, "high")
+        finally:
+            await servers.close()
         self.use(self.build())                                             # the restart: its cached list is the first
         self.assertEqual(self.registry.get("demo__extra").risk, "low")
 
