@@ -310,6 +310,7 @@ _META = frozenset({"$schema", "$id", "$comment", "$defs", "definitions", "$ancho
 _SUBSCHEMA = frozenset({"additionalProperties", "items", "not"})
 _SCHEMA_LIST = frozenset({"anyOf", "oneOf", "allOf"})
 DROPPED_MAX = 20                   # `path: message` lines relax() keeps per schema; the rest are counted
+PATTERN_CHARS_PER_NODE = 4         # a `pattern` costs a node per this many characters too (checking it is slow)
 
 
 class _TooLarge(Exception):
@@ -322,7 +323,8 @@ def relax(schema: dict, nodes: list[int] | None = None) -> tuple[Any, list[str]]
     and a `path: message` line per dropped keyword or unresolvable ref. What is left is still to be check()ed.
 
     Bounded by size: the result may hold at most `nodes[0]` JSON values (SCHEMA_NODES_MAX when not given;
-    `nodes` is decremented in place, so one budget can be shared by several schemas) and nest at most
+    `nodes` is decremented in place, so one budget can be shared by several schemas; a `pattern` costs
+    its length / PATTERN_CHARS_PER_NODE more, as checking it costs that much more) and nest at most
     JSON_DEPTH_MAX deep. Past either, SchemaError, after work proportional to the budget, never to the
     expansion (30 definitions each naming the previous twice would expand to 2**30 copies)."""
     if hostile(schema) is not None:
@@ -400,5 +402,7 @@ def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], 
             dropped.append(f"{where}: unsupported keyword {_q(key)}")
         else:
             _values(value, budget)
+            if key == "pattern" and isinstance(value, str):
+                _spend(budget, len(value) // PATTERN_CHARS_PER_NODE)
             out[key] = value
     return out

@@ -398,6 +398,16 @@ class RiskTest(unittest.TestCase):
         self.assertEqual(len(listing.warnings), 1)
         self.assertIn("what is left of 50000 schema nodes", listing.warnings[0])
 
+    def test_long_patterns_cost_their_length(self):
+        patterns = {"type": "object", "properties": {
+            f"p{i}": {"type": "string", "pattern": "^(" + "|".join(f"w{i}x{j:04d}" for j in range(120)) + ")$"}
+            for i in range(60)}}                                     # 60 patterns of ~1,000 characters
+        started = time.monotonic()
+        listing = mcp_skills(self.server("Low"), [{"name": "p", "inputSchema": patterns}])
+        self.assertLess(time.monotonic() - started, 3)
+        self.assertEqual(listing.skills, {})
+        self.assertIn("not loaded: its schema passes 10000 nodes", listing.warnings[0])
+
     def test_a_chain_deeper_than_the_limit_after_expansion_is_refused(self):
         defs = {"d0": {"type": "string"}, **{f"d{i}": {"not": {"$ref": f"#/$defs/d{i - 1}"}} for i in range(1, 40)}}
         listing = mcp_skills(self.server("Low"), [{"name": "deep", "inputSchema": {
