@@ -340,6 +340,7 @@ async def watch_skills(registry: Registry, console: Channel, user: str,
     Every skill added or changed (by a reload or a server's new tool list) is told once through `tell`
     (the outbox, to the primary channel), else on the console; one that cannot be queued now is tried
     again at the next scan."""
+    tell = tell or (lambda text: console.send(user, text))
     changes: list[Change] = []
     while True:
         if registry.reload():
@@ -350,7 +351,7 @@ async def watch_skills(registry: Registry, console: Channel, user: str,
         while changes:
             note = change_note(changes[0])
             try:
-                await (tell or (lambda text: console.send(user, text)))(note)
+                await tell(note)
             except StoreError as exc:
                 log.warning("skill change not told yet (%s): %s", exc, note)
                 break

@@ -15,8 +15,8 @@ scrubbed environment) on first use, or at daemon start by `keep`, which also res
 that dies, with a delay doubling from MCP_RESTART_FIRST to MCP_RESTART_MAX. Each listing is
 written to the data directory (registry.write_tools), so `ias skills` shows the tools without
 starting anything; one that changed since the first listing only by the daemon, which tells the
-owner (the cache is the next process's first listing). `close` stops every server this process started: stdin closed, then
-SIGTERM and SIGKILL to its group.
+owner (the cache is the next process's first listing). `close` stops every server this process
+started: stdin closed, then SIGTERM and SIGKILL to its group.
 
 Not handled: resources, prompts, sampling, progress notifications, the HTTP transports, and
 batches (no revision iAs speaks allows a server to send one unasked).
@@ -112,13 +112,13 @@ class Connection:
         cursor = None
         size = 0
         for _ in range(MCP_PAGES_MAX):
-            result, bytes_ = await self._request("tools/list", {"cursor": cursor} if cursor is not None else {},
+            result, length = await self._request("tools/list", {"cursor": cursor} if cursor is not None else {},
                                                  timeout)
             page = result.get("tools")
             if not isinstance(page, list):
                 raise McpError(f"mcp server {self.name}: tools/list result has no tools list")
             tools.extend(page)
-            size += bytes_
+            size += length
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or len(tools) >= MCP_TOOLS_MAX:
                 break
