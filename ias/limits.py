@@ -17,6 +17,7 @@ SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a 
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
 JSON_NUMBER_MAX = 100               # characters of one JSON number literal (digits of a Python int)
+SCHEMA_NODES_MAX = 10_000          # JSON values of one MCP tool schema after $ref expansion; more: not loaded
 PATTERN_MAX = 1000                  # characters of one schema `pattern`
 PATTERN_STEPS_MAX = 300_000         # estimated regex steps for one match (a step takes 3-50 ns: <= ~15 ms)
 PATTERN_INPUT_MAX = 10_000          # characters of a string matched against a pattern; longer is refused
@@ -111,6 +112,8 @@ MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list pag
 MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
 MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)
 MCP_TOOLS_MAX = 500                 # tools taken from one server
+MCP_LIST_BYTES_MAX = 4 * 1024 * 1024  # bytes of tools/list pages; no further page is asked for past it
+MCP_SCHEMA_NODES_TOTAL = 50_000    # the same for all of one server's tool schemas together (~1 s of CPU)
 MCP_DESCRIPTION_MAX = 2000          # characters of a tool's description given to the model (paid on every request)
 MCP_STDERR_LINE = 500               # characters of one server stderr line logged
 MCP_STDERR_LINES = 200              # stderr lines logged per server start; the rest are counted, not logged
