@@ -7,10 +7,12 @@ copy kept elsewhere if that matters.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
 
+from .limits import AUDIT_KEY_MAX, AUDIT_VALUE_MAX
 from .store import AuditRow, Store
 
 SECRET_KEY_RE = re.compile(r"pass|secret|token|key|cookie|auth", re.IGNORECASE)
@@ -18,11 +20,42 @@ REDACTED = "***"
 
 
 def redact(value: Any) -> Any:
+    """Call parameters as the audit log keeps them: secret-looking keys' values replaced at any depth,
+    then each parameter value and name bounded (`bounded`), so no call grows the log by much."""
+    hidden = _hide(value)
+    if not isinstance(hidden, dict):
+        return bounded(hidden)
+    return {bounded(k, AUDIT_KEY_MAX) if isinstance(k, str) else k: bounded(v) for k, v in hidden.items()}
+
+
+def bounded(value: Any, limit: int = AUDIT_VALUE_MAX) -> Any:
+    """`value` when it takes at most `limit` bytes, else one string of at most `limit` bytes:
+    `<first bytes>…[truncated, sha256=<hex>, <N> bytes]`.
+
+    A string is measured and hashed as its UTF-8; any other value (an object, an array, nested at
+    any depth) as its compact JSON text (`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`),
+    taken after redaction, so the hash never covers a secret. N is the full size in bytes.
+    """
+    if isinstance(value, str):
+        if len(value) * 4 <= limit:             # at most 4 bytes a character: surely short enough
+            return value
+        data = value.encode("utf-8", "surrogatepass")
+    elif value is None or isinstance(value, (bool, int, float)):
+        return value                            # numbers are at most JSON_NUMBER_MAX digits when parsed
+    else:
+        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return value
+    tail = f"…[truncated, sha256={hashlib.sha256(data).hexdigest()}, {len(data)} bytes]"
+    return data[:max(0, limit - len(tail.encode()))].decode("utf-8", "ignore") + tail
+
+
+def _hide(value: Any) -> Any:
     """A copy of `value` with the values of secret-looking keys replaced, at any depth."""
     if isinstance(value, dict):
-        return {k: REDACTED if SECRET_KEY_RE.search(str(k)) else redact(v) for k, v in value.items()}
+        return {k: REDACTED if SECRET_KEY_RE.search(str(k)) else _hide(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v) for v in value]
+        return [_hide(v) for v in value]
     return value
 
 

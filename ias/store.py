@@ -528,10 +528,10 @@ class Store:
         """Append chat messages (OpenAI message dicts) to the user's history, in order, atomically."""
         if not messages:
             return
-        async with self._tx() as conn:
-            async with conn.cursor() as cur:
-                await cur.executemany("INSERT INTO messages (user_id, message) VALUES (%s, %s)",
-                                      [(user_id, Jsonb(m)) for m in messages])
+        async with self._conn() as conn:       # one statement: a turn may answer thousands of refused calls
+            await conn.execute("INSERT INTO messages (user_id, message) SELECT %s, m "
+                               "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(m, n) ORDER BY n",
+                               (user_id, "[" + ",".join(map(_json_text, messages)) + "]"))
 
     async def recent_messages(self, user_id: str, limit: int) -> list[dict]:
         """The user's newest `limit` messages, oldest first."""
