@@ -71,7 +71,7 @@ class FinishTest(GateTestCase):
         os.chmod(root, 0o755)
         self.addCleanup(shutil.rmtree, root, True)
         cluster = Cluster(root / "pg", fsync=False)
-        store = await Store.open(cluster.start())
+        store = await Store.open(cluster.start(), chain=self.chain)
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
         other = self.build(store=store)

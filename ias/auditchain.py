@@ -1,0 +1,142 @@
+"""The keyed audit chain: each row's HMAC over the row and the previous row's value, and its head.
+
+The database stores the chain but never computes or checks it: the key is derived from the
+secret key (`derive`), which the database never sees, so whoever owns the tables can edit,
+delete or re-chain rows but cannot forge the values. The newest row's id and value are also
+kept in a file in the data directory (`advance` after each commit), which is what reveals the
+removal of the newest rows.
+
+A row's value is `k1:` + HMAC-SHA256 over a JSON array (ASCII, no spaces) of: the format tag,
+id, time (integer microseconds since the epoch), every audit column as the database returns
+it (params as jsonb's own text), and the previous row's value. JSON keeps the encoding
+unambiguous: strings are quoted, null is not "", true is not 1.
+
+Not handled: an attacker who can also write the data directory (and so read the secret key)
+can forge everything; a head file lost together with the newest rows is noticed only as a
+missing head.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from .errors import IasError
+from .locks import FileLock
+
+KEYED = "k1:"                           # prefix of every keyed value; older rows hold a bare SHA-256
+_CONTEXT = b"ias audit chain v1"        # what the chain key is derived for (never the secret itself)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+class HeadError(IasError):
+    """The chain head file exists but cannot be read or parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditChain:
+    """What a store needs to write keyed rows: the derived key and the head file's path."""
+    key: bytes = field(repr=False)
+    head: Path
+
+    @classmethod
+    def derive(cls, secret: bytes, head: Path) -> "AuditChain":
+        """The chain key for `secret` (HMAC of a fixed context: the secret itself is never used)."""
+        return cls(hmac.new(secret, _CONTEXT, hashlib.sha256).digest(), Path(head))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow:
+    """One audit row as the chain covers it; `params` is jsonb's text, `digest` the database's
+    SHA-256 of an unkeyed (pre-HMAC) row."""
+    id: int
+    at: datetime
+    event: str
+    user_id: str | None
+    skill_name: str | None
+    params: str | None
+    risk: str | None
+    approval_id: uuid.UUID | None
+    decision: str | None
+    exit_code: int | None
+    duration_ms: int | None
+    output_size: int | None
+    truncated: bool | None
+    detail: str | None
+    prev_hash: str
+    hash: str = ""
+    digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The newest row a writer committed, as recorded outside the database."""
+    id: int
+    value: str
+
+
+def seal(key: bytes, row: ChainRow) -> str:
+    """The keyed value of `row` (its own `hash` and `digest` are not covered)."""
+    fields = ["v1", row.id, (row.at - _EPOCH) // _MICROSECOND, row.event, row.user_id, row.skill_name,
+              row.params, row.risk, None if row.approval_id is None else str(row.approval_id), row.decision,
+              row.exit_code, row.duration_ms, row.output_size, row.truncated, row.detail, row.prev_hash]
+    data = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return KEYED + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def is_keyed(value: str) -> bool:
+    return value.startswith(KEYED)
+
+
+def read_head(path: Path) -> Head | None:
+    """The recorded head, None when there is no file; HeadError when it is unreadable."""
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeError) as exc:
+        raise HeadError(f"cannot read the audit chain head {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].isdigit() or not is_keyed(parts[1]):
+        raise HeadError(f"the audit chain head {path} is not '<id> {KEYED}<hmac>'")
+    return Head(int(parts[0]), parts[1])
+
+
+def advance(path: Path, head: Head) -> None:
+    """Record `head` unless a newer one is already recorded (another writer, another process).
+
+    Under a flock next to the file, so concurrent writers only ever move it forward; written
+    aside and renamed into place, so a reader sees the old head or the new one, never a part.
+    An unreadable head is replaced (verification has nothing better to compare with).
+    """
+    path = Path(path)
+    lock = FileLock(path.with_name(path.name + ".lock"))
+    lock.acquire()
+    try:
+        try:
+            current = read_head(path)
+        except HeadError:
+            current = None
+        if current is not None and current.id >= head.id:
+            return
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as file:
+                file.write(f"{head.id} {head.value}\n")
+            os.replace(draft, path)
+        except BaseException:
+            try:
+                os.unlink(draft)
+            except OSError:
+                pass
+            raise
+    finally:
+        lock.release()
