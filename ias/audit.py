@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .auditchain import HeadError, is_keyed, read_head, seal
+from .auditchain import AuditChain, ChainRow, HeadError, is_keyed, read_head, seal
 from .errors import StoreError
 from .store import AuditRow, Store
 
@@ -66,55 +66,69 @@ async def check(store: Store) -> Verdict:
     The head is read before the rows' snapshot is taken: it is written after its row commits,
     so a row a running daemon appends meanwhile can never look like a removed one.
     """
-    chain = store.chain
-    if chain is None:
+    if store.chain is None:
         raise StoreError("no audit chain key: the audit log cannot be verified")
-    problems: list[str] = []
-    broken = 0
+    walk = _Walk(store.chain)
+    async with aclosing(store.audit_chain()) as batches:
+        async for batch in batches:
+            for row in batch:
+                walk.step(row)
+    return walk.verdict()
 
-    def found(line: str) -> None:
-        nonlocal broken
-        broken += 1
-        if len(problems) < PROBLEMS_KEPT:
-            problems.append(line)
-    try:
-        head, head_read = read_head(chain.head), True
-    except HeadError as exc:
-        head, head_read = None, False
-        found(str(exc))
-    rows = unkeyed = keyed = forged = 0
-    previous, last_id, head_seen = "", None, False
-    async with aclosing(store.audit_chain()) as stream:
-        async for row in stream:
-            rows += 1
-            last_id = row.id
-            if row.prev_hash != previous:
-                found(f"row {row.id}: chain broken (previous row removed or altered)")
-            if is_keyed(row.hash):
-                keyed += 1
-                if seal(chain.key, row) != row.hash:
-                    forged += 1
-                    found(f"row {row.id}: contents do not match its keyed hash (row altered or re-chained)")
-            elif keyed:
-                found(f"row {row.id}: not keyed, after the keyed chain began (row altered or re-chained)")
-            else:
-                unkeyed += 1
-                if row.digest != row.hash:
-                    found(f"row {row.id}: contents do not match its hash (row altered)")
-            if head is not None and row.id == head.id:
-                head_seen = True
-                if row.hash != head.value:
-                    found(f"row {row.id}: differs from the chain head kept in {chain.head} (row altered or re-chained)")
-            previous = row.hash
-    if head is not None and not head_seen:
-        end = f"the log ends at row {last_id}" if last_id is not None else "the log is empty"
-        found(f"row {head.id} is missing: the chain head kept in {chain.head} names it, {end} (rows removed)")
-    elif head is None and keyed and head_read:
-        found(f"no chain head {chain.head}: the removal of the newest rows cannot be ruled out "
-              "(restored or moved? see README, Audit log)")
-    if keyed and forged == keyed:
-        found("every keyed row fails: the secret key is not the one that wrote this log")
-    return Verdict(rows, unkeyed, tuple(problems), broken)
+
+class _Walk:
+    """One pass along the chain: what `check` has seen so far."""
+
+    def __init__(self, chain: AuditChain):
+        self.chain = chain
+        self.problems: list[str] = []
+        self.broken = self.rows = self.unkeyed = self.keyed = self.forged = 0
+        self.previous, self.last_id, self.head_seen = "", None, False
+        try:
+            self.head, self.head_read = read_head(chain.head), True
+        except HeadError as exc:
+            self.head, self.head_read = None, False
+            self.found(str(exc))
+
+    def found(self, line: str) -> None:
+        self.broken += 1
+        if len(self.problems) < PROBLEMS_KEPT:
+            self.problems.append(line)
+
+    def step(self, row: ChainRow) -> None:
+        self.rows += 1
+        self.last_id = row.id
+        if row.prev_hash != self.previous:
+            self.found(f"row {row.id}: chain broken (previous row removed or altered)")
+        if is_keyed(row.hash):
+            self.keyed += 1
+            if seal(self.chain.key, row) != row.hash:
+                self.forged += 1
+                self.found(f"row {row.id}: contents do not match its keyed hash (row altered or re-chained)")
+        elif self.keyed:
+            self.found(f"row {row.id}: not keyed, after the keyed chain began (row altered or re-chained)")
+        else:
+            self.unkeyed += 1
+            if row.digest != row.hash:
+                self.found(f"row {row.id}: contents do not match its hash (row altered)")
+        if self.head is not None and row.id == self.head.id:
+            self.head_seen = True
+            if row.hash != self.head.value:
+                self.found(f"row {row.id}: differs from the chain head kept in {self.chain.head} "
+                           "(row altered or re-chained)")
+        self.previous = row.hash
+
+    def verdict(self) -> Verdict:
+        where = self.chain.head
+        if self.head is not None and not self.head_seen:
+            end = f"the log ends at row {self.last_id}" if self.last_id is not None else "the log is empty"
+            self.found(f"row {self.head.id} is missing: the chain head kept in {where} names it, {end} (rows removed)")
+        elif self.head is None and self.keyed and self.head_read:
+            self.found(f"no chain head {where}: the removal of the newest rows cannot be ruled out "
+                       "(restored or moved? see README, Audit log)")
+        if self.keyed and self.forged == self.keyed:
+            self.found("every keyed row fails: the secret key is not the one that wrote this log")
+        return Verdict(self.rows, self.unkeyed, tuple(self.problems), self.broken)
 
 
 def format_row(row: AuditRow) -> str:

@@ -34,6 +34,7 @@ KEYED = "k1:"                           # prefix of every keyed value; older row
 _CONTEXT = b"ias audit chain v1"        # what the chain key is derived for (never the secret itself)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))     # built once: verification seals every row
 
 
 class HeadError(IasError):
@@ -87,8 +88,7 @@ def seal(key: bytes, row: ChainRow) -> str:
     fields = ["v1", row.id, (row.at - _EPOCH) // _MICROSECOND, row.event, row.user_id, row.skill_name,
               row.params, row.risk, None if row.approval_id is None else str(row.approval_id), row.decision,
               row.exit_code, row.duration_ms, row.output_size, row.truncated, row.detail, row.prev_hash]
-    data = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    return KEYED + hmac.new(key, data, hashlib.sha256).hexdigest()
+    return KEYED + hmac.digest(key, _ENCODER.encode(fields).encode("ascii"), "sha256").hex()
 
 
 def is_keyed(value: str) -> bool:

@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
@@ -166,9 +166,9 @@ _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_CHAIN_COLUMNS)}) VALUES ("
 # old trigger) get the old rule's digest, spelt out here with built-ins only, so that replacing or
 # dropping a function in the database cannot vouch for them.
 _AUDIT_CHAIN_ROWS = (
-    "SELECT " + ", ".join(f"a.{name}" for name in ["id", "at", *_AUDIT_COLUMNS] if name != "params")
-    + f", a.params::text AS params, a.prev_hash, a.hash, CASE WHEN left(a.hash, {len(auditchain.KEYED)}) <> "
-    f"'{auditchain.KEYED}' THEN "
+    "SELECT " + ", ".join("a.params::text" if f.name == "params" else f"a.{f.name}"
+                          for f in fields(ChainRow) if f.name != "digest")
+    + f", CASE WHEN NOT pg_catalog.starts_with(a.hash, '{auditchain.KEYED}') THEN "
     "pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array("
     "a.prev_hash, a.id, extract(epoch FROM a.at)::text, a.event, a.user_id, a.skill_name, a.params, a.risk, "
     "a.approval_id, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail)::text, "
@@ -444,18 +444,17 @@ class Store:
                 "SELECT * FROM (SELECT * FROM audit_log ORDER BY id DESC LIMIT %s) r ORDER BY id", (limit,))
             return [AuditRow(**row) for row in await cur.fetchall()]
 
-    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[ChainRow]:
-        """Every audit row as the chain covers it, oldest first, from one snapshot.
+    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[list[ChainRow]]:
+        """Every audit row as the chain covers it, oldest first, from one snapshot, `batch` rows at a time.
 
-        Streamed through a server-side cursor, `batch` rows at a time: memory does not grow
-        with the log.
+        Streamed through a server-side cursor (binary, positional rows: verification reads
+        millions), so memory does not grow with the log.
         """
         async with self._conn() as conn, conn.transaction():
-            async with conn.cursor(name="audit_chain") as cur:
-                cur.itersize = batch
+            async with conn.cursor(name="audit_chain", row_factory=args_row(ChainRow), binary=True) as cur:
                 await cur.execute(_AUDIT_CHAIN_ROWS)
-                async for row in cur:
-                    yield ChainRow(**row)
+                while rows := await cur.fetchmany(batch):
+                    yield rows
 
     async def unfinished_calls(self) -> list[AuditRow]:
         """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares, oldest first."""
