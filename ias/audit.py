@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .auditchain import AuditChain, ChainRow, HeadError, is_keyed, read_head, seal
+from .auditchain import AuditChain, ChainRow, Head, HeadError, is_keyed, read_head, reset, seal
 from .errors import StoreError
 from .store import AuditRow, Store
 
@@ -66,29 +66,49 @@ async def check(store: Store) -> Verdict:
     The head is read before the rows' snapshot is taken: it is written after its row commits,
     so a row a running daemon appends meanwhile can never look like a removed one.
     """
+    chain = _chain(store)
+    try:
+        walk = _Walk(chain, read_head(chain.head), expect_head=True)
+    except HeadError as exc:
+        walk = _Walk(chain, None, expect_head=False)
+        walk.found(str(exc))
+    return await walk.along(store)
+
+
+async def anchor(store: Store) -> Verdict:
+    """After a restore: check the log without the head on file, and if it is intact make its
+    newest row the head (no head at all when no row is keyed); the log as it is becomes the
+    reference for truncation."""
+    chain = _chain(store)
+    walk = _Walk(chain, None, expect_head=False)
+    verdict = await walk.along(store)
+    if verdict.intact:
+        reset(chain.head, Head(walk.last_id, walk.previous) if walk.keyed else None)
+    return verdict
+
+
+def _chain(store: Store) -> AuditChain:
     if store.chain is None:
         raise StoreError("no audit chain key: the audit log cannot be verified")
-    walk = _Walk(store.chain)
-    async with aclosing(store.audit_chain()) as batches:
-        async for batch in batches:
-            for row in batch:
-                walk.step(row)
-    return walk.verdict()
+    return store.chain
 
 
 class _Walk:
-    """One pass along the chain: what `check` has seen so far."""
+    """One pass along the chain: what has been seen so far, measured against `head` (the newest
+    row recorded outside the database; `expect_head`: its absence is a problem once rows are keyed)."""
 
-    def __init__(self, chain: AuditChain):
-        self.chain = chain
+    def __init__(self, chain: AuditChain, head: Head | None, expect_head: bool):
+        self.chain, self.head, self.expect_head = chain, head, expect_head
         self.problems: list[str] = []
         self.broken = self.rows = self.unkeyed = self.keyed = self.forged = 0
         self.previous, self.last_id, self.head_seen = "", None, False
-        try:
-            self.head, self.head_read = read_head(chain.head), True
-        except HeadError as exc:
-            self.head, self.head_read = None, False
-            self.found(str(exc))
+
+    async def along(self, store: Store) -> Verdict:
+        async with aclosing(store.audit_chain()) as batches:
+            async for batch in batches:
+                for row in batch:
+                    self.step(row)
+        return self.verdict()
 
     def found(self, line: str) -> None:
         self.broken += 1
@@ -123,7 +143,7 @@ class _Walk:
         if self.head is not None and not self.head_seen:
             end = f"the log ends at row {self.last_id}" if self.last_id is not None else "the log is empty"
             self.found(f"row {self.head.id} is missing: the chain head kept in {where} names it, {end} (rows removed)")
-        elif self.head is None and self.keyed and self.head_read:
+        elif self.head is None and self.keyed and self.expect_head:
             self.found(f"no chain head {where}: the removal of the newest rows cannot be ruled out "
                        "(restored or moved? see README, Audit log)")
         if self.keyed and self.forged == self.keyed:

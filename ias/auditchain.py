@@ -23,9 +23,11 @@ import json
 import os
 import secrets
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Iterator
 
 from .errors import IasError
 from .locks import FileLock
@@ -116,27 +118,42 @@ def advance(path: Path, head: Head) -> None:
     aside and renamed into place, so a reader sees the old head or the new one, never a part.
     An unreadable head is replaced (verification has nothing better to compare with).
     """
-    path = Path(path)
-    lock = FileLock(path.with_name(path.name + ".lock"))
-    lock.acquire()
-    try:
+    with _locked(path):
         try:
             current = read_head(path)
         except HeadError:
             current = None
-        if current is not None and current.id >= head.id:
-            return
-        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as file:
-                file.write(f"{head.id} {head.value}\n")
-            os.replace(draft, path)
-        except BaseException:
-            try:
-                os.unlink(draft)
-            except OSError:
-                pass
-            raise
+        if current is None or current.id < head.id:
+            _write(path, head)
+
+
+def reset(path: Path, head: Head | None) -> None:
+    """Record `head` whatever is recorded (a restored log's newest row), or none at all."""
+    with _locked(path):
+        if head is not None:
+            _write(path, head)
+        else:
+            Path(path).unlink(missing_ok=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    lock = FileLock(Path(path).with_name(Path(path).name + ".lock"))
+    lock.acquire()
+    try:
+        yield
     finally:
         lock.release()
+
+
+def _write(path: Path, head: Head) -> None:
+    path = Path(path)
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as file:
+            file.write(f"{head.id} {head.value}\n")
+        os.replace(draft, path)
+    except BaseException:
+        draft.unlink(missing_ok=True)
+        raise

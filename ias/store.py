@@ -158,7 +158,8 @@ _AUDIT_TYPES = {"event": "text", "user_id": "text", "skill_name": "text", "param
 _AUDIT_PREPARE = (
     "SELECT nextval(pg_get_serial_sequence('audit_log', 'id')) AS id, clock_timestamp() AS at, "
     + ", ".join(f"%s::{_AUDIT_TYPES[name]}{'::text' if name == 'params' else ''} AS {name}" for name in _AUDIT_COLUMNS)
-    + ", coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '') AS prev_hash")
+    + ", coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '') AS prev_hash, "
+    "(SELECT hash FROM audit_log WHERE id = %s) AS head_value")
 _CHAIN_COLUMNS = ["id", "at", *_AUDIT_COLUMNS, "prev_hash", "hash"]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_CHAIN_COLUMNS)}) VALUES ("
                  + ", ".join("%s::jsonb" if name == "params" else "%s" for name in _CHAIN_COLUMNS) + ")")
@@ -312,6 +313,7 @@ class Store:
     def __init__(self, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None):
         self.dsn = dsn
         self.chain = chain              # None: audit rows cannot be written (nothing is audited unkeyed)
+        self._lost_told = False         # the log's lost rows are logged once per store
         self._size = pool_size
         self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
         self._closing: set[asyncio.Task] = set()
@@ -409,28 +411,46 @@ class Store:
             head = await self._append(conn, entry)
         self._advance(head)
 
-    async def _append(self, conn: psycopg.AsyncConnection, entry: AuditEntry) -> Head:
-        """Insert `entry` as the chain's next row, inside the caller's transaction; its (id, value).
+    async def _append(self, conn: psycopg.AsyncConnection, entry: AuditEntry) -> Head | None:
+        """Insert `entry` as the chain's next row, inside the caller's transaction; the head to
+        record once it commits (None: the log lost rows the recorded head names; it stays there).
 
         The advisory lock is held until that transaction ends, so appends from every process form
         one line, and the previous value is read (in a statement of its own, so its snapshot
-        postdates the lock) only once every earlier append has committed or rolled back.
+        postdates the lock) only once every earlier append has committed or rolled back. Under
+        the lock, every head on file names a committed row, which the log must still hold: if
+        not, the head stays put, so that new rows taking the old ids cannot cover the loss up.
         """
         if self.chain is None:
             raise StoreError("no audit chain key: audit rows cannot be written")
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
-        cur = await conn.execute(_AUDIT_PREPARE, _audit_values(entry))
-        row = ChainRow(**await cur.fetchone())
+        try:
+            head = auditchain.read_head(self.chain.head)
+        except IasError:
+            head = None                                 # unreadable: replaced by the next head
+        cur = await conn.execute(_AUDIT_PREPARE, [*_audit_values(entry), None if head is None else head.id])
+        values = await cur.fetchone()
+        held = values.pop("head_value")
+        row = ChainRow(**values)
         row = replace(row, hash=auditchain.seal(self.chain.key, row))
         await conn.execute(_AUDIT_INSERT, [getattr(row, name) for name in _CHAIN_COLUMNS])
+        if head is not None and held != head.value:
+            if not self._lost_told:
+                log.error("the audit log no longer holds row %d as recorded in %s (rows removed or altered); "
+                          "the head stays there until the log is restored: run `ias audit --verify`",
+                          head.id, self.chain.head)
+                self._lost_told = True
+            return None
         return Head(row.id, row.hash)
 
-    def _advance(self, head: Head) -> None:
+    def _advance(self, head: Head | None) -> None:
         """Record a committed row as the chain's head outside the database.
 
         The row is already committed, so a failure here is logged, not raised: the head only
         lags, and verification still covers every row up to it.
         """
+        if head is None:
+            return
         try:
             auditchain.advance(self.chain.head, head)
         except (OSError, IasError) as exc:
@@ -522,8 +542,7 @@ class Store:
                 if row.status == "rejected" and entry.decision == "wrong_code":
                     entry = replace(entry, event="approval_rejected", decision="rejected")
                 head = await self._append(conn, entry)
-        if head is not None:
-            self._advance(head)
+        self._advance(head)
         return row
 
     async def approve(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:

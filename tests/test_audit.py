@@ -180,6 +180,34 @@ class KeyedChainTest(ChainTestCase):
         self.attacker.run("DELETE FROM audit_log")
         self.assert_broken(await self.check(), "the log is empty (rows removed)")
 
+    async def test_a_truncation_covered_by_new_rows_stays_caught(self):
+        """The newest rows deleted and the id sequence set back: new rows take the old ids, but the
+        head stays where it was, so the log never verifies again (until restored)."""
+        ids = await self.write(6)
+        head = read_head(self.chain.head)
+        self.attacker.run("DELETE FROM audit_log WHERE id > %s", (ids[2],))
+        self.attacker.conn.execute("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), %s)", (ids[2],))
+        with self.assertLogs("ias.store", "ERROR") as logs:
+            await self.write(5)
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn(f"the audit log no longer holds row {ids[-1]} as recorded in {self.chain.head}", logs.output[0])
+        self.assertEqual(read_head(self.chain.head), head)
+        self.assertEqual(max(self.attacker.ids()), ids[-1] + 2)
+        self.assert_broken(await self.check(), f"row {ids[-1]}: differs from the chain head")
+
+    async def test_a_restored_log_is_anchored_again(self):
+        ids = await self.write(5)
+        self.attacker.run("DELETE FROM audit_log WHERE id > %s", (ids[1],))     # an older backup restored
+        self.assert_broken(await self.check(), "rows removed")
+        verdict = await audit.anchor(self.store)
+        self.assertTrue(verdict.intact, verdict.problems)
+        [last] = self.attacker.conn.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
+        self.assertEqual(read_head(self.chain.head), Head(last["id"], last["hash"]))
+        self.assertTrue((await self.check()).intact)
+        self.attacker.run("UPDATE audit_log SET exit_code = 5 WHERE id = %s", (ids[0],))
+        self.assertFalse((await audit.anchor(self.store)).intact)           # a broken log is not anchored
+        self.assertEqual(read_head(self.chain.head), Head(last["id"], last["hash"]))
+
     async def test_a_deleted_middle_row_breaks_the_chain(self):
         ids = await self.write(5)
         self.attacker.run("DELETE FROM audit_log WHERE id = %s", (ids[2],))
