@@ -417,19 +417,21 @@ class Store:
 
         The advisory lock is held until that transaction ends, so appends from every process form
         one line, and the previous value is read (in a statement of its own, so its snapshot
-        postdates the lock) only once every earlier append has committed or rolled back. Under
-        the lock, every head on file names a committed row, which the log must still hold: if
-        not, the head stays put, so that new rows taking the old ids cannot cover the loss up.
+        postdates the lock; pipelined, so no round trip more) only once every earlier append has
+        committed or rolled back. The head on file is read first: it names a row committed before
+        then, which the log must still hold; if not, the head stays put, so that new rows taking
+        the old ids cannot cover the loss up.
         """
         if self.chain is None:
             raise StoreError("no audit chain key: audit rows cannot be written")
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
         try:
             head = auditchain.read_head(self.chain.head)
         except IasError:
             head = None                                 # unreadable: replaced by the next head
-        cur = await conn.execute(_AUDIT_PREPARE, [*_audit_values(entry), None if head is None else head.id])
-        values = await cur.fetchone()
+        async with conn.pipeline():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
+            cur = await conn.execute(_AUDIT_PREPARE, [*_audit_values(entry), None if head is None else head.id])
+            values = await cur.fetchone()
         held = values.pop("head_value")
         row = ChainRow(**values)
         row = replace(row, hash=auditchain.seal(self.chain.key, row))

@@ -271,7 +271,8 @@ class HeadTest(StoreTestCase):
         self.assertEqual(read_head(path), Head(5, "k1:" + "5" * 64))
         advance(path, Head(6, "k1:" + "6" * 64))
         self.assertEqual(read_head(path).id, 6)
-        self.assertEqual(sorted(p.name for p in path.parent.iterdir()), ["audit.head", "audit.head.lock"])
+        self.assertEqual([p.name for p in path.parent.iterdir()], ["audit.head"])
+        self.assertEqual(path.read_text(), f"{6:020d} k1:{'6' * 64}\n")
 
     async def test_an_unreadable_head_is_a_problem(self):
         await self.store.audit(AuditEntry("daemon_start"))
