@@ -40,6 +40,17 @@ $$;
 LYING_DIGEST = """
 CREATE OR REPLACE FUNCTION audit_digest(r audit_log) RETURNS text LANGUAGE sql STABLE AS $$ SELECT r.hash $$;
 """
+# Another iAs process on the same database: argv = dsn, key (hex), head file.
+WRITER = """
+import asyncio, sys
+from ias.auditchain import AuditChain
+from ias.store import AuditEntry, Store
+async def main():
+    store = await Store.open(sys.argv[1], chain=AuditChain.derive(bytes.fromhex(sys.argv[2]), sys.argv[3]))
+    await asyncio.gather(*(store.audit(AuditEntry("there", exit_code=i)) for i in range(10)))
+    await store.close()
+asyncio.run(main())
+"""
 CHAIN_FIELDS = ("id, at, event, user_id, skill_name, params::text AS params, risk, approval_id, decision, "
                 "exit_code, duration_ms, output_size, truncated, detail, prev_hash")
 
@@ -237,6 +248,23 @@ class KeyedChainTest(ChainTestCase):
         verdict = await self.check()
         self.assertTrue(verdict.intact, verdict.problems)
         self.assertEqual(verdict.rows, 40)
+        self.assertEqual(read_head(self.chain.head).id, max(self.attacker.ids()))
+
+    async def test_writers_in_other_processes_join_the_same_chain(self):
+        key = os.urandom(32)
+        chain = AuditChain.derive(key, self.chain.head)
+        children = [await asyncio.create_subprocess_exec(
+            sys.executable, "-c", WRITER, self.dsn, key.hex(), str(self.chain.head), cwd=REPO,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for _ in range(2)]
+        here = await Store.open(self.dsn, chain=chain)
+        self.addAsyncCleanup(here.close)
+        await asyncio.gather(*(here.audit(AuditEntry("here", exit_code=i)) for i in range(10)))
+        for child in children:
+            _, err = await asyncio.wait_for(child.communicate(), 60)
+            self.assertEqual(child.returncode, 0, err.decode())
+        verdict = await audit.check(here)
+        self.assertTrue(verdict.intact, verdict.problems)
+        self.assertEqual(verdict.rows, 30)
         self.assertEqual(read_head(self.chain.head).id, max(self.attacker.ids()))
 
     async def test_the_log_is_read_in_batches_in_order(self):
