@@ -16,9 +16,9 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .auditchain import AuditChain, ChainRow, Head, HeadError, is_keyed, read_head, reset, seal
+from .auditchain import AuditChain, Head, HeadError, is_keyed, read_head, reset, seal
 from .errors import StoreError
-from .store import AuditRow, Store
+from .store import AuditRow, ChainRow, Store
 
 SECRET_KEY_RE = re.compile(r"pass|secret|token|key|cookie|auth", re.IGNORECASE)
 REDACTED = "***"

@@ -22,14 +22,16 @@ import hashlib
 import hmac
 import json
 import os
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .errors import IasError
+
+if TYPE_CHECKING:
+    from .store import ChainRow
 
 KEYED = "k1:"                           # prefix of every keyed value; older rows hold a bare SHA-256
 _CONTEXT = b"ias audit chain v1"        # what the chain key is derived for (never the secret itself)
@@ -57,29 +59,6 @@ class AuditChain:
 
 
 @dataclass(frozen=True, slots=True)
-class ChainRow:
-    """One audit row as the chain covers it; `params` is jsonb's text, `digest` the database's
-    SHA-256 of an unkeyed (pre-HMAC) row."""
-    id: int
-    at: datetime
-    event: str
-    user_id: str | None
-    skill_name: str | None
-    params: str | None
-    risk: str | None
-    approval_id: uuid.UUID | None
-    decision: str | None
-    exit_code: int | None
-    duration_ms: int | None
-    output_size: int | None
-    truncated: bool | None
-    detail: str | None
-    prev_hash: str
-    hash: str = ""
-    digest: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Head:
     """The newest row a writer committed, as recorded outside the database."""
     id: int
@@ -87,7 +66,7 @@ class Head:
 
 
 def seal(key: bytes, row: ChainRow) -> str:
-    """The keyed value of `row` (its own `hash` and `digest` are not covered)."""
+    """The keyed value of `row` (its params as jsonb's text; its own `hash` is not covered)."""
     fields = ["v1", row.id, (row.at - _EPOCH) // _MICROSECOND, row.event, row.user_id, row.skill_name,
               row.params, row.risk, None if row.approval_id is None else str(row.approval_id), row.decision,
               row.exit_code, row.duration_ms, row.output_size, row.truncated, row.detail, row.prev_hash]

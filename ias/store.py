@@ -40,7 +40,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from . import auditchain, migrations
-from .auditchain import AuditChain, ChainRow, Head
+from .auditchain import AuditChain, Head
 from .errors import IasError, StoreError
 from .limits import STORED_JSON_DEPTH
 
@@ -89,6 +89,13 @@ class AuditRow:
     detail: str | None
     prev_hash: str
     hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow(AuditRow):
+    """An audit row as the chain covers it: `params` is jsonb's text, and `digest` the old rule's
+    SHA-256 for a row from before the keyed chain (see auditchain.py)."""
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +440,7 @@ class Store:
             cur = await conn.execute(_AUDIT_PREPARE, [*_audit_values(entry), None if head is None else head.id])
             values = await cur.fetchone()
         held = values.pop("head_value")
-        row = ChainRow(**values)
+        row = ChainRow(**values, hash="")
         row = replace(row, hash=auditchain.seal(self.chain.key, row))
         await conn.execute(_AUDIT_INSERT, [getattr(row, name) for name in _CHAIN_COLUMNS])
         if head is not None and held != head.value:
