@@ -11,9 +11,11 @@ id, time (integer microseconds since the epoch), every audit column as the datab
 it (params as jsonb's own text), and the previous row's value. JSON keeps the encoding
 unambiguous: strings are quoted, null is not "", true is not 1.
 
-Not handled: an attacker who can also write the data directory (and so read the secret key)
-can forge everything; a head file lost together with the newest rows is noticed only as a
-missing head.
+Not handled: an attacker who can also reach the data directory can read the secret key there
+and forge everything; and, with the head file removed as well, a log rewritten wholly in the
+old unkeyed form passes as a log from before the keyed chain. The head is not fsynced: after a
+power loss it may lag behind the log, which verification accepts (it only checks the rows it
+names are there).
 """
 from __future__ import annotations
 
