@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Coroutine,
 from . import ilink, systemd
 from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
+from .auditchain import AuditChain
 from .builtins import Builtins
 from .changes import ADDED, LOWERED, MODIFIED, Change
 from .channels.base import Channel, Inbound
@@ -48,12 +49,13 @@ log = logging.getLogger(__name__)
 async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
     """The configured database, or the embedded cluster (started if needed; stopped after only if no other
     iAs process uses it)."""
+    chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.data_dir / "pg")
         dsn = cluster.start()
     try:
-        store = await Store.open(dsn)
+        store = await Store.open(dsn, chain=chain)
         try:
             yield store
         finally:

@@ -309,15 +309,14 @@ async def _listing(config, fetch, empty: str, line) -> int:
 
 async def cmd_audit(config, limit: int, verify: bool) -> int:
     from .app import open_store
-    from .audit import format_row, verify as verify_chain
+    from .audit import check, format_row
     async with open_store(config) as store:
         if verify:
-            problems = await verify_chain(store)
-            for line in problems:
+            verdict = await check(store)
+            for line in verdict.problems:
                 print(line)
-            print("audit log: chain broken" if problems else "audit log: chain intact",
-                  file=sys.stderr if problems else sys.stdout)
-            return 1 if problems else 0
+            print(verdict.summary(), file=sys.stdout if verdict.intact else sys.stderr)
+            return 0 if verdict.intact else 1
         for row in await store.audit_rows(limit):
             print(format_row(row))
     return 0

@@ -91,6 +91,11 @@ class Config:
     def key_file(self) -> Path:
         return self.secret_key_file or self.data_dir / "secret.key"
 
+    @property
+    def audit_head(self) -> Path:
+        """The audit chain's newest row (id and keyed value), kept outside the database."""
+        return self.data_dir / "audit.head"
+
 
 def absolute(path: str | os.PathLike) -> Path:
     """`path` with ~ expanded, made absolute against the current directory and normalised."""

@@ -21,7 +21,7 @@ from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
 from ias.store import Store
-from tests.support import FIXTURES, FakeOwner, GateTestCase, until
+from tests.support import FIXTURES, FakeOwner, GateTestCase, test_chain, until
 from tests.test_runner import running
 
 
@@ -77,7 +77,7 @@ class FinishTest(GateTestCase):
         os.chmod(root, 0o755)
         self.addCleanup(shutil.rmtree, root, True)
         cluster = Cluster(root / "pg", fsync=False)
-        store = await Store.open(cluster.start())
+        store = await Store.open(cluster.start(), chain=test_chain(self))
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
         other = self.build(store=store)
