@@ -610,7 +610,8 @@ class Store:
             await conn.execute("UPDATE pending_approvals SET status = 'expired', "
                                "consumed_at = coalesce(consumed_at, clock_timestamp()) "
                                "WHERE id = %s AND status IN ('pending', 'approved')", (approval_id,))
-            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
+            head = await self._append(conn, entry)
+        self._advance(head)
 
     async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
         async with self._conn() as conn:
