@@ -742,6 +742,18 @@ class Store:
             row = await cur.fetchone()
             return None if row is None else row["id"]
 
+    async def move_next_runs(self, moves: list[tuple[int, datetime, datetime]]) -> int:
+        """Move tasks' next_run_at, each (id, from, to) only if the task is enabled and still at `from`;
+        all in one transaction. Returns how many moved."""
+        moved = 0
+        async with self._tx() as conn:
+            for task_id, old, new in moves:
+                cur = await conn.execute(
+                    "UPDATE scheduled_tasks SET next_run_at = %s, updated_at = clock_timestamp() "
+                    "WHERE id = %s AND enabled AND next_run_at = %s", (new, task_id, old))
+                moved += cur.rowcount
+        return moved
+
     async def finish_run(self, run_id: int, status: str, reply: str | None = None, error: str | None = None) -> None:
         async with self._conn() as conn:
             await conn.execute("UPDATE task_runs SET finished_at = clock_timestamp(), status = %s, reply = %s, "
