@@ -61,7 +61,8 @@ DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attemp
 DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
 
 # Scheduler
-SCHEDULER_MAX_SLEEP = 3600.0        # seconds; re-check at least this often (clock jumps, lost NOTIFY)
+SCHEDULER_MAX_SLEEP = 30.0          # seconds; re-check at least this often (forward clock jumps, lost NOTIFY)
+CLOCK_JUMP_TOLERANCE = 2.0          # seconds the wall clock may fall behind the monotonic one between ticks before it counts as a jump back
 SCHEDULER_RETRY = 5.0               # seconds before the loop retries after a database error
 TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_runs
 CRON_SEARCH_YEARS = 400             # years a cron search looks ahead (the Gregorian cycle) before "never fires"
