@@ -132,15 +132,14 @@ class Agent:
                 raise
             log.error("turn for %s passed its deadline of %gs", user_id, self.turn_timeout)
             reply = TURN_TIMEOUT_REPLY
-        if new[-1].get("role") != "assistant" or new[-1].get("tool_calls") or new[-1].get("content") != reply:
-            _answer_open_calls(new)
-            new.append({"role": "assistant", "content": reply})
+        _answer_open_calls(new)
+        new.append({"role": "assistant", "content": reply})
         await self.store.append_messages(user_id, new)
         return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
                       clock: TurnClock) -> str:
-        """The model's rounds of one turn, appending to `new` as they go; the reply."""
+        """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply."""
         history = _window(await self.store.recent_messages(user_id, self.window))
         query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
                                   and isinstance(m.get("content"), str))][:3])
@@ -152,9 +151,7 @@ class Agent:
             tools = self.catalog.select(query, [*keep, *recent])
             answer = await self.llm.complete(messages, tools)
             if not answer.tool_calls:
-                reply = answer.content if answer.content and answer.content.strip() else _gist(last)
-                new.append({"role": "assistant", "content": reply})
-                return reply
+                return answer.content if answer.content and answer.content.strip() else _gist(last)
             new.append(results.calls_for_history(answer.message()))
             excess = answer.tool_calls[TOOL_CALLS_MAX:]
             if excess:
@@ -245,8 +242,8 @@ class TurnClock(TurnBudget):
 
 
 def _answer_open_calls(new: list[dict]) -> None:
-    """Answer the calls of the last assistant message that have no result yet (the turn ended during them),
-    so the stored history stays a valid conversation."""
+    """Answer the calls of the last assistant message that have no result yet (the turn's deadline came
+    during them) as interrupted, so the stored history stays a conversation the API accepts."""
     for i in range(len(new) - 1, -1, -1):
         calls = new[i].get("tool_calls")
         if new[i].get("role") == "assistant" and calls:

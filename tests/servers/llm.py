@@ -3,7 +3,8 @@
 Each POST to /v1/chat/completions takes the next scripted step: a reply (text and/or tool
 calls), an HTTP error status, or a misbehaving endpoint: one that never answers (`stall`), one
 that sends its reply a byte at a time without end (`drip`), a 200 whose body is not JSON
-(`broken`), or any body as given (`raw`, e.g. a recorded reply of llama.cpp's server). Every request body is recorded, so tests can check what the model was sent.
+(`broken`), or any body as given (`raw`, e.g. a recorded reply of llama.cpp's server). Every
+request body is recorded, so tests can check what the model was sent.
 `assert_complete()` fails when scripted steps were left unused.
 """
 from __future__ import annotations
