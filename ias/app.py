@@ -112,7 +112,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
-    agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
+    agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout)
     router = outbox = None
     if channels:
         if primary is None:
@@ -158,7 +158,7 @@ async def open_llm(config: Config) -> AsyncIterator[LLM | None]:
         yield None
         return
     from .llm import LLM
-    llm = LLM(config.openai_api_key, config.openai_base_url, config.model)
+    llm = LLM(config.openai_api_key, config.openai_base_url, config.model, timeout=config.llm_timeout)
     try:
         yield llm
     finally:

@@ -13,7 +13,8 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .limits import MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TOOLS_BYTES_DEFAULT, TOOLS_BYTES_MIN
+from .limits import (LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
+                     TOOLS_BYTES_MIN, TURN_TIMEOUT)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
@@ -27,6 +28,8 @@ _SETTINGS = {
     "model": ("IAS_MODEL", str),
     "owner": ("IAS_OWNER", str),
     "approval_timeout": ("IAS_APPROVAL_TIMEOUT", float),
+    "llm_timeout": ("IAS_LLM_TIMEOUT", (float, 1, TIMEOUT_SETTING_MAX)),
+    "turn_timeout": ("IAS_TURN_TIMEOUT", (float, 1, TIMEOUT_SETTING_MAX)),
     "wechat_base_url": ("IAS_WECHAT_BASE_URL", str),
     "wechat_owner": ("IAS_WECHAT_OWNER", str),
     "skills_dir": ("IAS_SKILLS_DIR", str),
@@ -57,6 +60,8 @@ class Config:
     model: str = "gpt-4o-mini"
     owner: str | None = None
     approval_timeout: float = 300.0
+    llm_timeout: float = LLM_TIMEOUT        # seconds one model request may take in all (not per read)
+    turn_timeout: float = TURN_TIMEOUT      # seconds one turn may take, not counting the wait for the owner's code
     wechat_base_url: str | None = None      # None: the stored login's, else https://ilinkai.weixin.qq.com
     wechat_token: str | None = None
     wechat_owner: str | None = None

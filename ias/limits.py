@@ -26,7 +26,10 @@ PATTERN_INPUT_MIN = 256             # a pattern that cannot match this many char
 # Agent and LLM
 AGENT_MAX_ROUNDS = 8                # model calls per turn (tool rounds included)
 HISTORY_WINDOW = 24                 # stored messages sent back to the model
-LLM_TIMEOUT = 120.0                 # seconds per chat request
+LLM_TIMEOUT = 60.0                  # seconds per chat request attempt, in total (not per read): IAS_LLM_TIMEOUT
+TURN_TIMEOUT = 300.0                # seconds per turn, not counting the wait for the owner's code: IAS_TURN_TIMEOUT
+TIMEOUT_SETTING_MAX = 3600.0        # seconds; a longer IAS_LLM_TIMEOUT or IAS_TURN_TIMEOUT is a configuration error
+TOOL_GIST_MAX = 500                 # characters of the last tool result the owner gets when the model says nothing
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 TOOL_CALLS_MAX = 16                 # tool calls of one model response that are run; the rest are refused unrun
