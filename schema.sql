@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -149,3 +149,18 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_queued ON outbox (user_id, id) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS outbox_run ON outbox (task_run_id) WHERE task_run_id IS NOT NULL;
+
+-- Every inbound message, recorded on arrival: pending until its outcome (a reply queued in the outbox,
+-- or an approval reply applied) is stored, then done. What is still pending at a start is handled
+-- then, in order, before anything new from that user.
+CREATE TABLE IF NOT EXISTS inbound (
+    id          bigserial PRIMARY KEY,
+    channel     text NOT NULL,
+    user_id     text NOT NULL,
+    message_id  text,                           -- the channel's id, when it has one (also in seen_messages)
+    text        text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done')),
+    done_at     timestamptz
+);
+CREATE INDEX IF NOT EXISTS inbound_pending ON inbound (id) WHERE state = 'pending';

@@ -283,6 +283,9 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
         scheduler = Scheduler(store, router.run_task, on_store_error=store_error, spawn=supervisor.spawn)
         stopped = False
         try:
+            replayed = await router.replay()        # what a stop or crash left pending, before anything new
+            if replayed:
+                log.warning("replaying %d inbound message(s) left pending by the last run", replayed)
             for channel in channels.values():
                 await channel.start(router.deliver)
                 supervisor.spawn(channel.watch(), f"channel {channel.name}")

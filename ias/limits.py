@@ -94,6 +94,9 @@ WECHAT_STOP_GRACE = 1.0             # seconds stop() waits for cancelled tasks t
 WECHAT_WINDOW_LEARN_MIN = 6 * 3600.0  # seconds; a ret=-2 sooner after the owner's message is taken as rate limiting, not the window
 WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send that the learned window is set to
 
+# Inbound messages held in memory while the database is unreachable (per process); past it: DB_DOWN
+INBOUND_HELD_MAX = 200
+
 # Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings)
 OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)
 OUTBOX_RETRY_FIRST = 30.0           # seconds before retrying a part after a transient error; doubled per attempt

@@ -182,7 +182,24 @@ DROP FUNCTION audit_chain();
 DROP FUNCTION audit_digest(audit_log);
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT)
+# Version 5: every inbound message, recorded on arrival and marked done once its outcome is stored,
+# so a restart, a SIGTERM or a database outage mid-turn leaves it pending, replayed at the next start.
+# (A message id still goes into seen_messages, which keeps judging redeliveries.)
+_INBOUND = """
+CREATE TABLE inbound (
+    id          bigserial PRIMARY KEY,
+    channel     text NOT NULL,
+    user_id     text NOT NULL,
+    message_id  text,
+    text        text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done')),
+    done_at     timestamptz
+);
+CREATE INDEX inbound_pending ON inbound (id) WHERE state = 'pending';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _INBOUND)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

@@ -49,6 +49,10 @@ class DatabaseMonitor:
     def available(self) -> bool:
         return self._available.is_set()
 
+    async def back(self) -> None:
+        """Until the database is available (at once when it is)."""
+        await self._available.wait()
+
     def suspect(self) -> None:
         """A statement failed with a StoreError: check the database soon (returns at once)."""
         self._suspect.set()

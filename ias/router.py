@@ -2,13 +2,20 @@
 
 While a user has a pending approval, their messages go to it and never reach the model. A
 code-shaped message with nothing pending is intercepted too, so a late or mistyped code never
-lands in the model's context. While the database is lost (see monitor.py) every message gets
-one short answer instead of a turn.
+lands in the model's context.
+
+Nothing the owner sent is lost (SPEC 15): a message is recorded in the store's `inbound` table on
+arrival (by the channel when it has ids to de-duplicate, else here) and marked done only once its
+outcome is stored (its reply queued in the outbox, or an approval reply applied); what a restart, a
+SIGTERM or a crash left pending is replayed at the next start (`replay`), before anything new. While
+the database is lost (see monitor.py) messages are held in memory, up to INBOUND_HELD_MAX, the owner
+told once (HELD), and handled when it returns — a code too; a step that meets the outage mid-way is
+done again then. Past the bound a message gets DB_DOWN, as does one without a monitor.
 
 One user's messages are handled in the order they arrived, whatever each looks up first (SPEC 8,
 "Order"); their replies are queued in that order too. The exceptions are the answers that cannot
 wait: an approval reply answers the turn that waits for it, a reply that releases a held
-confirmation message or says 继续 only lets out what waits, and the database-down answer comes at
+confirmation message or says 继续 only lets out what waits, and the database-down answers come at
 once. Different users never wait for each other.
 """
 from __future__ import annotations
@@ -16,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Callable, Coroutine
+from dataclasses import replace
+from typing import Awaitable, Callable, Coroutine
 
 from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
+from .limits import INBOUND_HELD_MAX
 from .locks import Place, UserLocks
 from .outbox import Outbox
 
@@ -31,6 +40,7 @@ FAILED = "抱歉，处理这条消息时出错了，请稍后再试。"
 SKILL_LINE = re.compile(r"^技能：(.*)$", re.M)        # the confirmation message's own (code-rendered) skill line
 NOTHING_PENDING = "当前没有等待确认的操作。"
 DB_DOWN = "数据库暂时不可用，请稍后再试。"
+HELD = "数据库暂时不可用，恢复后会处理你的消息。"
 
 
 class Router:
@@ -46,10 +56,14 @@ class Router:
         self.primary = primary        # where messages nobody asked for go (task results, restart notes)
         self.monitor = monitor        # the DatabaseMonitor, in the daemon
         self.outbox = outbox          # every message to the owner goes through it
+        self.store = outbox.store
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
         self._arrivals = UserLocks()    # what a message looks up first, in the order messages came
         self._turns = UserLocks()       # turns (and answers given in turn), in the same order
         self._tasks: set[asyncio.Task] = set()
+        self._held = 0                                  # messages that came while the database was lost
+        self._holding: set[tuple[str, str]] = set()     # their (channel, message id): a redelivery is not held twice
+        self._told: set[str] = set()                    # users told HELD in this outage
 
     @property
     def users_in_turn(self) -> int:
@@ -66,40 +80,126 @@ class Router:
         owner told briefly).
 
         Two lines per user keep the order: `_arrivals`, whose place is taken before the first await (so
-        in the order the channel delivered the messages), covers what a message looks up first; a
-        message that needs a turn takes its place in `_turns` before it lets the next one look anything
-        up. An approval reply never waits for a turn: the turn it answers holds the turn lock meanwhile.
+        in the order the channel delivered the messages), covers recording the message and what it looks
+        up first; a message that needs a turn takes its place in `_turns` before it lets the next one look
+        anything up. An approval reply never waits for a turn: the turn it answers holds the turn lock
+        meanwhile. A message that came while the database is lost waits in its arrival line (held).
         """
+        channel = self.channels.get(message.channel, self.primary)      # a replayed one's channel may be gone
+        key = None if message.message_id is None else (message.channel, message.message_id)
+        outage = self.monitor is not None and not self.monitor.available
+        if outage and message.inbound_id is None and key in self._holding:
+            log.info("message %s on %s is already held", message.message_id, message.channel)
+            return
+        if outage and self._held >= INBOUND_HELD_MAX:
+            log.error("database lost and %d messages held: %s on %s answered and dropped", self._held,
+                      message.message_id, message.channel)
+            await _answer(channel, message.user_id, DB_DOWN)
+            return
         arrival = self._arrivals.place(message.user_id)
-        place = None
-        async with arrival:
-            channel = self.channels[message.channel]
-            try:
-                place = await self._sort(message, channel)
+        place = recorded = None
+        held = self._hold(key) if outage else None
+        try:
+            if held is not None:
+                await self._tell_held(message.user_id, channel)
+            async with arrival:
+                recorded = await self._admit(message, channel)
+                if held is not None:
+                    held()
+                    held = None         # admitted: no longer held
+                if recorded is None:
+                    return
+                place = await self._patiently(self._sort, recorded, channel)
                 arrival.release()       # in line for its turn: the next message may look things up
                 if place is not None:
                     async with place:
-                        await self._handle(message, channel)
-            except asyncio.CancelledError:
-                raise
+                        await self._patiently(self._handle, recorded, channel)
+                await self.store.finish_inbound(recorded.inbound_id)
+        except asyncio.CancelledError:
+            raise                       # shutdown: the message stays pending, replayed at the next start
+        except StoreError as exc:
+            log.error("handling a message from %s on %s failed: %s", message.user_id, message.channel, exc)
+            if self.monitor is not None:
+                self.monitor.suspect()
+            await _answer(channel, message.user_id, DB_DOWN)
+        except Exception:
+            log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
+            await _answer(channel, message.user_id, FAILED)
+            await self._give_up(message if recorded is None else recorded)
+        finally:
+            if held is not None:
+                held()
+            if place is not None:
+                place.release()
+
+    def _hold(self, key: tuple[str, str] | None) -> Callable[[], None]:
+        """Count a message held while the database is lost; what to call once when it is no longer held."""
+        self._held += 1
+        if key is not None:
+            self._holding.add(key)
+
+        def release() -> None:
+            self._held -= 1
+            self._holding.discard(key)
+        return release
+
+    async def _admit(self, message: Inbound, channel: Channel) -> Inbound | None:
+        """The message as recorded (pending), once the database is there; None for a redelivery."""
+        while True:
+            if self.monitor is not None and not self.monitor.available:
+                await self._tell_held(message.user_id, channel)
+                await self.monitor.back()
+                continue
+            if message.inbound_id is not None:
+                recorded = message
+            else:
+                try:
+                    inbound_id = await self.store.record_inbound(message.channel, message.user_id,
+                                                                 message.message_id, message.text)
+                except StoreError as exc:
+                    await self._wait_out(message, channel, exc)
+                    continue
+                if inbound_id is None:
+                    log.info("message %s on %s was already handled", message.message_id, message.channel)
+                    return None
+                recorded = replace(message, inbound_id=inbound_id)
+            self._told.discard(message.user_id)
+            return recorded
+
+    async def _patiently(self, step: Callable[[Inbound, Channel], Awaitable], message: Inbound, channel: Channel):
+        """`step`, done again after each outage of the database it meets (the message held meanwhile)."""
+        while True:
+            try:
+                return await step(message, channel)
             except StoreError as exc:
-                log.error("handling a message from %s on %s failed: %s", message.user_id, message.channel, exc)
-                if self.monitor is not None:
-                    self.monitor.suspect()
-                await _answer(channel, message.user_id, DB_DOWN)
-            except Exception:
-                log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
-                await _answer(channel, message.user_id, FAILED)
-            finally:
-                if place is not None:
-                    place.release()
+                await self._wait_out(message, channel, exc)
+
+    async def _wait_out(self, message: Inbound, channel: Channel, exc: StoreError) -> None:
+        """A statement failed: when the database is lost, tell the owner (once) and wait until it is back;
+        re-raise when it is not (no monitor, or the database is fine: an error of another kind)."""
+        if self.monitor is None:
+            raise exc
+        log.warning("message from %s on %s waits for the database: %s", message.user_id, message.channel, exc)
+        await self._tell_held(message.user_id, channel)
+        if not await self.monitor.settle():
+            raise exc
+
+    async def _tell_held(self, user_id: str, channel: Channel) -> None:
+        if user_id not in self._told:
+            self._told.add(user_id)
+            await _answer(channel, user_id, HELD)
+
+    async def _give_up(self, message: Inbound) -> None:
+        """A message whose handling failed (the owner was told): not replayed at every start."""
+        if message.inbound_id is not None:
+            try:
+                await self.store.finish_inbound(message.inbound_id)
+            except StoreError as exc:
+                log.error("could not mark inbound message %d handled: %s", message.inbound_id, exc)
 
     async def _sort(self, message: Inbound, channel: Channel) -> Place | None:
-        """What must happen at once (the database is down, a held confirmation message or an approval
-        reply); otherwise the message's place in the user's turn line."""
-        if self.monitor is not None and not self.monitor.available:
-            await _answer(channel, message.user_id, DB_DOWN)
-            return None
+        """What must happen at once (a held confirmation message or an approval reply); otherwise the
+        message's place in the user's turn line."""
         if await self.outbox.inbound(message.user_id, message.channel, message.text):
             return None                 # it released a held confirmation message, or only said 继续
         answer = await self.approvals.redeem(message.user_id, message.text)
@@ -151,10 +251,23 @@ class Router:
     async def deliver(self, message: Inbound) -> None:
         """The channels' callback: dispatch as a task of the router's own (supervised in the daemon),
         tracked so that shutdown can cancel it; cancelling the caller does not cancel the turn."""
+        await asyncio.wait([self._launch(message)])
+
+    def _launch(self, message: Inbound) -> asyncio.Task:
         task = self._spawn(self.dispatch(message), f"turn {message.channel}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        await asyncio.wait([task])
+        return task
+
+    async def replay(self) -> int:
+        """At start, before the channels: the messages a restart, a SIGTERM or a crash left pending, each
+        dispatched again in the order they came (so before anything new of their user). How many."""
+        rows = await self.store.pending_inbound()
+        for row in rows:
+            log.info("replaying inbound message %d from %s on %s (received %s)", row.id, row.user_id,
+                     row.channel, row.received_at.isoformat(timespec="seconds"))
+            self._launch(Inbound(row.channel, row.user_id, row.text, row.message_id, row.id))
+        return len(rows)
 
     async def cancel(self) -> None:
         """Shutdown: cancel turns in flight."""

@@ -148,7 +148,19 @@ class OutboxRow:
     task_run_id: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class InboundRow:
+    """One message from a user, recorded on arrival (see schema.sql `inbound`)."""
+    id: int
+    channel: str
+    user_id: str
+    message_id: str | None
+    text: str
+    received_at: datetime
+
+
 _TASK_FIELDS = ", ".join(f.name for f in fields(Task))
+_INBOUND_FIELDS = ", ".join(f.name for f in fields(InboundRow))
 _OUTBOX_FIELDS = ", ".join(f.name for f in fields(OutboxRow))
 # A run's delivery, from its parts: any fallback, else all sent, else any expired, else queued.
 _SETTLE_RUNS = (
@@ -674,6 +686,32 @@ class Store:
                 "INSERT INTO seen_messages (channel, message_id) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
                 (channel, message_id))
             return await cur.fetchone() is not None
+
+    # -- inbound messages -------------------------------------------------------------------
+    async def record_inbound(self, channel: str, user_id: str, message_id: str | None, text: str) -> int | None:
+        """Record a message on arrival, pending; its row id, or None when its id was seen before (a
+        redelivery: not recorded again)."""
+        async with self._tx() as conn:
+            if message_id is not None:
+                cur = await conn.execute("INSERT INTO seen_messages (channel, message_id) VALUES (%s, %s) "
+                                         "ON CONFLICT DO NOTHING RETURNING 1", (channel, message_id))
+                if await cur.fetchone() is None:
+                    return None
+            cur = await conn.execute("INSERT INTO inbound (channel, user_id, message_id, text) "
+                                     "VALUES (%s, %s, %s, %s) RETURNING id", (channel, user_id, message_id, text))
+            return (await cur.fetchone())["id"]
+
+    async def finish_inbound(self, inbound_id: int) -> None:
+        """The message's outcome is stored: it is not handled again."""
+        async with self._conn() as conn:
+            await conn.execute("UPDATE inbound SET state = 'done', done_at = clock_timestamp() "
+                               "WHERE id = %s AND state = 'pending'", (inbound_id,))
+
+    async def pending_inbound(self) -> list[InboundRow]:
+        """Messages recorded but not handled (a restart, a SIGTERM or an outage came first), oldest first."""
+        async with self._conn() as conn:
+            cur = await conn.execute(f"SELECT {_INBOUND_FIELDS} FROM inbound WHERE state = 'pending' ORDER BY id")
+            return [InboundRow(**row) for row in await cur.fetchall()]
 
     # -- scheduled tasks --------------------------------------------------------------------
     async def add_task(self, user_id: str, name: str, schedule: str, kind: str, text: str,

@@ -4,16 +4,18 @@ import io
 import json
 import random
 import re
+from unittest import mock
 
 from ias.agent import HELP
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
-from ias.router import DB_DOWN, NOTHING_PENDING
+from ias.errors import StoreError
+from ias.router import DB_DOWN, HELD, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
-from tests.servers.llm import LLMServer, calls, text
+from tests.servers.llm import LLMServer, calls, stall, text
 from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, until
 
 
@@ -96,24 +98,136 @@ class ApprovalReplyTest(RouterTestCase):
 
 
 class DatabaseDownTest(RouterTestCase):
-    async def test_a_lost_database_gets_one_short_answer_and_no_turn(self):
-        gone: list[str] = []
+    """A database that goes away: a second store on the test's schema, pointed at a closed port and back."""
+
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.gone: list[str] = []
+        self.flaky = await Store.open(self.dsn, chain=self.chain)
+        self.addAsyncCleanup(self.flaky.close)
+        self.monitor = DatabaseMonitor(self.flaky, self.gone.append, limit=3600, first_delay=0.05, max_delay=0.05)
+        self.channel = FakeChannel("wechat")
+        self.app = self.build(store=self.flaky, llm=self.llm, channels=[self.channel], primary=self.channel,
+                              monitor=self.monitor)
+        self.addAsyncCleanup(self.app.router.cancel)
+        self.watching = asyncio.create_task(self.monitor.run())
+        self.addAsyncCleanup(self.stop_watching)
+
+    async def stop_watching(self):
+        self.watching.cancel()
+        await asyncio.gather(self.watching, return_exceptions=True)
+
+    async def lose(self) -> None:
+        self.dsn_kept, self.flaky.dsn = self.flaky.dsn, f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias"
+        with self.assertRaises(StoreError):
+            await self.flaky.reconnect()        # drops the pooled connections: the next statement fails
+
+    def restore(self) -> None:
+        self.flaky.dsn = self.dsn_kept
+
+    def send(self, text: str) -> asyncio.Task:
+        return asyncio.create_task(self.app.router.deliver(Inbound("wechat", "owner", text)))
+
+    async def test_messages_in_an_outage_are_held_and_answered_in_order_when_it_returns(self):
+        self.server.script(text("你好呀。"))
+        await self.lose()
+        lines = [self.send("你好"), self.send("/help")]
+        await until(lambda: not self.monitor.available)
+        await self.channel.wait_for(HELD)
+        lines.append(self.send("/skills"))              # after the outage was noticed: held at once
+        await asyncio.sleep(0.2)
+        self.assertEqual(self.channel.sent, [("owner", HELD)])     # told once, no turn yet
+        self.assertEqual(self.server.requests, [])
+        self.restore()
+        await asyncio.wait_for(asyncio.gather(*lines), 10)
+        replies = [reply for _, reply in self.channel.sent]
+        self.assertEqual(replies[:3], [HELD, "你好呀。", HELP])
+        self.assertIn("echo_low（低风险）", replies[3])
+        self.assertEqual(len(replies), 4)
+        self.assertEqual([m["content"] for m in await self.store.recent_messages("owner", 10)], ["你好", "你好呀。"])
+        self.assertEqual(await self.store.pending_inbound(), [])
+        self.assertEqual(self.sql("SELECT text FROM inbound WHERE state = 'done' ORDER BY id"),
+                         [("你好",), ("/help",), ("/skills",)])
+        self.assertEqual(self.gone, [])
+
+    async def test_past_the_bound_a_message_gets_the_short_answer(self):
+        await self.lose()
+        first = self.send("/help")
+        await until(lambda: not self.monitor.available)
+        with mock.patch("ias.router.INBOUND_HELD_MAX", 1):
+            second = self.send("/skills")               # held: the one place
+            await until(lambda: self.app.router._held == 1)
+            await self.send("/reset")                   # past the bound: answered and dropped
+        self.assertEqual(self.channel.sent, [("owner", HELD), ("owner", DB_DOWN)])
+        self.restore()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        self.assertEqual(self.channel.sent[2][1], HELP)
+        self.assertIn("echo_low（低风险）", self.channel.sent[3][1])
+        self.assertEqual(len(self.channel.sent), 4)
+
+    async def test_a_code_sent_in_an_outage_is_applied_when_the_database_returns(self):
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("标好了。"))
+        turn = self.send("请标记")
+        code = CODE_LINE.search(await self.channel.wait_for("确认码：")).group(1)
+        await self.lose()
+        reply = self.send(code)                         # the statement fails: the outage is noticed
+        await self.channel.wait_for(HELD)
+        self.assertFalse(self.marker.exists())
+        self.restore()
+        await asyncio.wait_for(asyncio.gather(turn, reply), 10)
+        self.assertIn(("owner", "已确认，正在执行：mark_high"), self.channel.sent)
+        self.assertEqual(self.channel.sent[-1], ("owner", "标好了。"))
+        self.assertEqual(self.runs(), 1)
+        self.assertEqual(await self.store.pending_inbound(), [])
+
+    async def test_a_code_held_past_the_approvals_time_is_not_applied(self):
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没有标。"))
+        clock = [0.0]
+        self.app.approvals.monotonic = lambda: clock[0]
+        turn = self.send("请标记")
+        code = CODE_LINE.search(await self.channel.wait_for("确认码：")).group(1)
+        await self.lose()
+        reply = self.send(code)
+        await self.channel.wait_for(HELD)
+        clock[0] += self.app.approvals.timeout + 1      # the outage outlasted the approval's time
+        self.restore()
+        await asyncio.wait_for(reply, 10)
+        self.assertNotIn(("owner", "已确认，正在执行：mark_high"), self.channel.sent)
+        self.assertFalse(self.marker.exists())
+        turn.cancel()
+        await asyncio.gather(turn, return_exceptions=True)
+
+    async def test_without_a_monitor_a_lost_database_gets_the_short_answer(self):
         lost = Store(f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias connect_timeout=2")
-        monitor = DatabaseMonitor(lost, gone.append, limit=3600, first_delay=3600)
         channel = FakeChannel("wechat")
-        router = self.build(store=lost, llm=self.llm, channels=[channel], primary=channel, monitor=monitor).router
-        watching = asyncio.create_task(monitor.run())
-        try:
-            await router.deliver(Inbound("wechat", "owner", "/reset"))      # the statement fails: suspected
-            self.assertEqual(channel.sent, [("owner", DB_DOWN)])
-            await until(lambda: not monitor.available)
-            await router.deliver(Inbound("wechat", "owner", "你好"))      # unavailable: no turn at all
-            self.assertEqual(channel.sent, [("owner", DB_DOWN)] * 2)
-            self.assertEqual(self.server.requests, [])
-            self.assertEqual(gone, [])
-        finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+        router = self.build(store=lost, llm=self.llm, channels=[channel], primary=channel).router
+        await router.deliver(Inbound("wechat", "owner", "/reset"))
+        self.assertEqual(channel.sent, [("owner", DB_DOWN)])
+        self.assertEqual(self.server.requests, [])
+
+
+class ReplayTest(RouterTestCase):
+    async def test_pending_messages_are_handled_first_in_order_and_once(self):
+        for line in ("/help", "123456"):
+            await self.store.record_inbound("wechat", "owner", None, line)
+        done = await self.store.record_inbound("wechat", "owner", "m-1", "/skills")
+        await self.store.finish_inbound(done)
+        self.assertIsNone(await self.store.record_inbound("wechat", "owner", "m-1", "/skills"))    # seen
+        self.assertEqual(await self.router.replay(), 2)
+        await self.deliver("/reset")                    # new: after the replayed ones
+        await until(lambda: len(self.wechat.sent) == 3)
+        self.assertEqual([reply for _, reply in self.wechat.sent], [HELP, NOTHING_PENDING, "对话记录已清空。"])
+        self.assertEqual(await self.store.pending_inbound(), [])
+        self.assertEqual(await self.router.replay(), 0)
+
+    async def test_a_cancelled_turn_stays_pending(self):
+        self.server.script(stall())
+        turn = self.deliver("想一想")
+        await until(lambda: self.server.requests)
+        await self.router.cancel()
+        await asyncio.gather(turn, return_exceptions=True)
+        [row] = await self.store.pending_inbound()
+        self.assertEqual((row.user_id, row.text), ("owner", "想一想"))
 
 
 class OrderTest(RouterTestCase):

@@ -1,4 +1,4 @@
-"""WeChat end to end: a turn with a High skill confirmed from WeChat, and a daemon restart."""
+"""WeChat end to end: a turn with a High skill confirmed from WeChat, and daemon restarts (one mid-turn)."""
 import asyncio
 import os
 import re
@@ -10,11 +10,13 @@ import time
 import unittest
 from pathlib import Path
 
+import psycopg
+
 from ias.channels.wechat import WeChatChannel
 from ias.ilink import Credentials
 from ias.llm import LLM
 from tests.servers.ilink import ILinkServer
-from tests.servers.llm import LLMServer, calls, text
+from tests.servers.llm import LLMServer, calls, stall, text
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
 
 
@@ -135,6 +137,49 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         resumed = self.ilink.calls("/ilink/bot/getupdates")[polls_before]
         self.assertEqual(resumed.body["get_updates_buf"], "buf-1")          # the stored cursor
         self.assertEqual(self.ilink.problems, [])
+
+    def test_sigterm_mid_turn_loses_nothing_and_the_restart_answers_both_once_in_order(self):
+        """The attacker's reproducer: SIGTERM while the model is still thinking about the first message,
+        with a second queued behind it. Both are answered after the restart, once each, in order."""
+        with LLMServer([stall(), text("答一"), text("答二")]) as llm:
+            self.env.update({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": llm.base_url})
+            first = self.daemon()
+            one = self.ilink.message("第一句")
+            self.wait_until(lambda: llm.requests)                       # the model is thinking about it
+            self.ilink.message("第二句")
+            self.wait_until(lambda: self.cursor() == "buf-2")            # the second was taken in too
+            self.stop(first)
+            self.assertEqual(self.ilink.sent, [])
+            self.assertEqual(self.sql("SELECT text, state FROM inbound ORDER BY id"),
+                             [("第一句", "pending"), ("第二句", "pending")])
+
+            self.ilink.redeliver(one)              # and the service gives the first one again
+            second = self.daemon()
+            self.wait_sent(2)
+            self.wait_until(lambda: self.sql("SELECT count(*) FROM inbound WHERE state = 'pending'") == [(0,)])
+            self.stop(second)
+            self.assertEqual(len(llm.requests), 3)      # the stalled request, then one per message
+        self.assertEqual([m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent], ["答一", "答二"])
+        history = self.sql("SELECT message->>'role', message->>'content' FROM messages ORDER BY id")
+        self.assertEqual(history, [("user", "第一句"), ("assistant", "答一"), ("user", "第二句"), ("assistant", "答二")])
+        self.assertEqual(self.sql("SELECT text, state FROM inbound ORDER BY id"),
+                         [("第一句", "done"), ("第二句", "done")])
+        self.assertEqual(self.ilink.problems, [])
+
+    def cursor(self) -> str | None:
+        """The cursor the daemon's latest long poll carried."""
+        polls = self.ilink.calls("/ilink/bot/getupdates")
+        return polls[-1].body.get("get_updates_buf") if polls else None
+
+    def wait_until(self, condition, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            self.assertLess(time.monotonic(), deadline, "timed out")
+            time.sleep(0.05)
+
+    def sql(self, query: str) -> list[tuple]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(query).fetchall()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ class Inbound:
     user_id: str
     text: str
     message_id: str | None = None
+    inbound_id: int | None = None       # its row in the store's `inbound` table, once recorded
 
 
 Deliver = Callable[[Inbound], Awaitable[None]]

@@ -3,7 +3,10 @@
 The iLink HTTP client, the protocol constants and the `channel_state` keys live in `ias.ilink`
 (protocol facts in reference/wechat-ilink.md); the QR login that yields the token lives in
 `ias.wechat_login`. Only the owner (the person who scanned the QR code) is served. Inbound
-message ids are recorded in the store, so a redelivery is handled once, also after a restart.
+messages are recorded in the store (`inbound`, their ids in `seen_messages`) before the cursor moves
+past them, so a redelivery is handled once and a restart mid-turn loses nothing (the router replays
+what is pending). While the database is lost a message is passed on unrecorded (the router holds it)
+and the batch is fetched again.
 The cursor, the latest `context_token` and the time of the last inbound message are persisted
 in `channel_state`, because sends are only accepted within 24 h of the user's last message
 and must echo that token.
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from .. import limits
-from ..errors import IasError
+from ..errors import IasError, StoreError
 from ..ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
 from ..outbox import split_text
@@ -203,7 +206,21 @@ class WeChatChannel(Channel):
             return
         raw_id = message.get("message_id")
         message_id = None if raw_id in (None, "") else str(raw_id)
-        if message_id is not None and not await self.store.mark_seen(CHANNEL, message_id):
+        text, other = _items(message.get("item_list"))
+        inbound_id = unrecorded = None
+        try:
+            if text:        # recorded, pending until handled; its id marked seen in the same transaction
+                inbound_id = await self.store.record_inbound(CHANNEL, sender, message_id, text)
+                fresh = inbound_id is not None
+            else:
+                fresh = message_id is None or await self.store.mark_seen(CHANNEL, message_id)
+        except StoreError as exc:
+            if not text or message_id is None:
+                raise
+            # The router holds it until the database is back (and tells the owner once); the error
+            # still ends the batch, so the cursor stays and the service gives it again.
+            unrecorded, fresh = exc, True
+        if not fresh:
             log.info("WeChat: message %s was already handled", message_id)
             return
         peer = await self._peer(sender)
@@ -214,9 +231,8 @@ class WeChatChannel(Channel):
         peer.sent = 0
         try:
             await self._save(sender, peer)
-        except IasError as exc:     # already marked seen: deliver anyway, the values are kept in memory
+        except IasError as exc:     # already recorded: deliver anyway, the values are kept in memory
             log.error("WeChat: could not store the context of message %s: %s", message_id, exc)
-        text, other = _items(message.get("item_list"))
         log.info("WeChat: message %s from the owner (%d characters%s)", message_id, len(text),
                  ", unsupported items" if other else "")
         if other:
@@ -224,7 +240,9 @@ class WeChatChannel(Channel):
         if text and self._deliver is not None:
             # Not awaited: a turn can take minutes, and an approval reply must get through meanwhile.
             # Tasks start in creation order; the router keeps the turns of one user in order.
-            self._spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id)), self._deliveries)
+            self._spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id, inbound_id)), self._deliveries)
+        if unrecorded is not None:
+            raise unrecorded
 
     def _spawn(self, coro: Awaitable, into: set[asyncio.Task]) -> None:
         task = asyncio.ensure_future(coro)
