@@ -12,9 +12,15 @@ from pathlib import Path
 
 import psycopg
 
+from ias.agent import HELP
 from ias.channels.wechat import WeChatChannel
+from ias.errors import StoreError
 from ias.ilink import Credentials
 from ias.llm import LLM
+from ias.monitor import DatabaseMonitor
+from ias.router import HELD
+from ias.store import Store
+from tests.servers import closed_port
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
 from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
@@ -63,6 +69,61 @@ class WeChatTurnTest(GateTestCase):
         await until(lambda: self.ilink.sent)     # the stranger's message came first: already dropped by then
         self.assertEqual([m["to_user_id"] for m in self.ilink.sent], [self.ilink.owner])
         self.assertEqual(self.llm_server.requests, [])
+
+
+class WeChatOutageTest(GateTestCase):
+    """The database goes away while the owner writes on WeChat (a second store on the test's schema,
+    pointed at a closed port and back)."""
+
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.ilink = ILinkServer(hold=0.3).start()
+        self.llm_server = LLMServer().__enter__()
+        self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
+        self.flaky = await Store.open(self.dsn, chain=self.chain)
+        self.gone: list[str] = []
+        self.monitor = DatabaseMonitor(self.flaky, self.gone.append, limit=3600, first_delay=0.05, max_delay=0.05)
+        self.watching = asyncio.create_task(self.monitor.run())
+        self.channel = WeChatChannel(self.flaky, Credentials(self.ilink.token, self.ilink.base_url, self.ilink.bot_id,
+                                                             self.ilink.owner), retry_delay=0.05, backoff_delay=0.1)
+        self.use(self.build(store=self.flaky, llm=self.llm, channels=[self.channel], primary=self.channel,
+                            monitor=self.monitor))
+        await self.channel.start(self.router.deliver)
+
+    async def asyncTearDown(self):
+        await self.channel.stop()
+        await self.router.cancel()
+        self.watching.cancel()
+        await asyncio.gather(self.watching, return_exceptions=True)
+        await self.flaky.close()
+        await self.llm.close()
+        await asyncio.to_thread(self.llm_server.__exit__)
+        await asyncio.to_thread(self.ilink.close)
+        await super().asyncTearDown()
+
+    def texts(self) -> list[str]:
+        return [m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent]
+
+    async def test_a_message_in_an_outage_is_held_told_once_and_answered_once_when_it_returns(self):
+        self.ilink.message("/help")
+        await until(lambda: self.texts() == [HELP])
+        kept, self.flaky.dsn = self.flaky.dsn, f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias"
+        with self.assertRaises(StoreError):
+            await self.flaky.reconnect()
+        self.llm_server.script(text("你好呀。"))
+        self.ilink.message("你好")
+        await until(lambda: HELD in self.texts())
+        polls = len(self.ilink.calls("/ilink/bot/getupdates"))
+        await until(lambda: len(self.ilink.calls("/ilink/bot/getupdates")) > polls + 2)    # given again and again
+        self.assertEqual(self.texts(), [HELP, HELD])
+        self.flaky.dsn = kept
+        await until(lambda: "你好呀。" in self.texts())
+        await until(lambda: self.ilink.calls("/ilink/bot/getupdates")[-1].body["get_updates_buf"] == "buf-2")
+        await until(lambda: not self.router.dispatching)
+        self.assertEqual(self.texts(), [HELP, HELD, "你好呀。"])
+        self.assertEqual(len(self.llm_server.requests), 1)
+        self.assertEqual(await self.store.pending_inbound(), [])
+        self.assertEqual(self.gone, [])
 
 
 class WeChatDaemonRestartTest(unittest.TestCase):
