@@ -161,6 +161,7 @@ CREATE TABLE IF NOT EXISTS inbound (
     text        text NOT NULL,
     received_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done')),
-    done_at     timestamptz
+    done_at     timestamptz,
+    replays     integer NOT NULL DEFAULT 0      -- starts that handled it again (given up past a limit)
 );
 CREATE INDEX IF NOT EXISTS inbound_pending ON inbound (id) WHERE state = 'pending';

@@ -96,6 +96,7 @@ WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send th
 
 # Inbound messages held in memory while the database is unreachable (per process); past it: DB_DOWN
 INBOUND_HELD_MAX = 200
+INBOUND_REPLAYS_MAX = 3             # starts that handle a pending message again before it is given up (told)
 
 # Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings)
 OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)

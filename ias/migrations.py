@@ -194,7 +194,8 @@ CREATE TABLE inbound (
     text        text NOT NULL,
     received_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done')),
-    done_at     timestamptz
+    done_at     timestamptz,
+    replays     integer NOT NULL DEFAULT 0
 );
 CREATE INDEX inbound_pending ON inbound (id) WHERE state = 'pending';
 """

@@ -30,7 +30,7 @@ from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
-from .limits import INBOUND_HELD_MAX
+from .limits import INBOUND_HELD_MAX, INBOUND_REPLAYS_MAX
 from .locks import Place, UserLocks
 from .outbox import Outbox
 
@@ -41,6 +41,7 @@ SKILL_LINE = re.compile(r"^技能：(.*)$", re.M)        # the confirmation mess
 NOTHING_PENDING = "当前没有等待确认的操作。"
 DB_DOWN = "数据库暂时不可用，请稍后再试。"
 HELD = "数据库暂时不可用，恢复后会处理你的消息。"
+GIVEN_UP = "iAs 重启了 {n} 次仍未处理完这条消息，已跳过：{text}"
 
 
 class Router:
@@ -85,7 +86,7 @@ class Router:
         anything up. An approval reply never waits for a turn: the turn it answers holds the turn lock
         meanwhile. A message that came while the database is lost waits in its arrival line (held).
         """
-        channel = self.channels.get(message.channel, self.primary)      # a replayed one's channel may be gone
+        channel = self.channels[message.channel]
         key = None if message.message_id is None else (message.channel, message.message_id)
         outage = self.monitor is not None and not self.monitor.available
         if outage and message.inbound_id is None and key in self._holding:
@@ -261,13 +262,32 @@ class Router:
 
     async def replay(self) -> int:
         """At start, before the channels: the messages a restart, a SIGTERM or a crash left pending, each
-        dispatched again in the order they came (so before anything new of their user). How many."""
-        rows = await self.store.pending_inbound()
-        for row in rows:
+        dispatched again in the order they came (so before anything new of their user); how many.
+
+        Only for channels whose owner is still there after a restart (`resumable`, as the outbox keeps
+        only their replies): a console line is forgotten. One that INBOUND_REPLAYS_MAX starts did not
+        finish (it may be what stops them) is given up, and the owner told."""
+        replayed = []
+        for row in await self.store.pending_inbound():
+            channel = self.channels.get(row.channel)
+            if channel is None or not channel.resumable:
+                log.warning("inbound message %d on %s left pending by the last run is not replayed (the channel "
+                            "does not outlive a restart)", row.id, row.channel)
+                await self.store.finish_inbound(row.id)
+            elif row.replays >= INBOUND_REPLAYS_MAX:
+                log.error("inbound message %d from %s was not finished by %d starts: given up", row.id, row.user_id,
+                          row.replays)
+                await self.outbox.send(row.user_id, GIVEN_UP.format(n=row.replays, text=row.text[:50]),
+                                       channel.name, kind="notice")
+                await self.store.finish_inbound(row.id)
+            else:
+                replayed.append(row)
+        await self.store.count_replays([row.id for row in replayed])
+        for row in replayed:
             log.info("replaying inbound message %d from %s on %s (received %s)", row.id, row.user_id,
                      row.channel, row.received_at.isoformat(timespec="seconds"))
             self._launch(Inbound(row.channel, row.user_id, row.text, row.message_id, row.id))
-        return len(rows)
+        return len(replayed)
 
     async def cancel(self) -> None:
         """Shutdown: cancel turns in flight."""

@@ -157,6 +157,7 @@ class InboundRow:
     message_id: str | None
     text: str
     received_at: datetime
+    replays: int                   # how many starts handled it again already
 
 
 _TASK_FIELDS = ", ".join(f.name for f in fields(Task))
@@ -706,6 +707,11 @@ class Store:
         async with self._conn() as conn:
             await conn.execute("UPDATE inbound SET state = 'done', done_at = clock_timestamp() "
                                "WHERE id = %s AND state = 'pending'", (inbound_id,))
+
+    async def count_replays(self, ids: list[int]) -> None:
+        """These pending messages are being handled again by this start."""
+        async with self._conn() as conn:
+            await conn.execute("UPDATE inbound SET replays = replays + 1 WHERE id = ANY(%s)", (ids,))
 
     async def pending_inbound(self) -> list[InboundRow]:
         """Messages recorded but not handled (a restart, a SIGTERM or an outage came first), oldest first."""

@@ -369,8 +369,8 @@ class FaultTest(DaemonTestCase):
         log.wait_for("iAs is running")
         os.kill(self.postmaster(cluster.datadir), signal.SIGKILL)
         log.wait_for("database lost")
-        self.say(proc, "/reset")                   # meanwhile: one short answer, not silence
-        out.wait_for("数据库暂时不可用，请稍后再试。")
+        self.say(proc, "/reset")                   # meanwhile: held, and the owner told so, not silence
+        out.wait_for("数据库暂时不可用，恢复后会处理你的消息。")
         self.assertEqual(proc.wait(timeout=30), 1)
         errors = log.text()
         self.assertEqual(len([line for line in errors.splitlines() if "database unreachable for" in line]), 1, errors)

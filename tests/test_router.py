@@ -12,6 +12,7 @@ from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
 from ias.errors import StoreError
+from ias.limits import INBOUND_REPLAYS_MAX
 from ias.router import DB_DOWN, HELD, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
@@ -207,6 +208,10 @@ class DatabaseDownTest(RouterTestCase):
 
 
 class ReplayTest(RouterTestCase):
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.wechat.resumable = True        # its owner is still there after a restart (the console's is not)
+
     async def test_pending_messages_are_handled_first_in_order_and_once(self):
         for line in ("/help", "123456"):
             await self.store.record_inbound("wechat", "owner", None, line)
@@ -219,6 +224,21 @@ class ReplayTest(RouterTestCase):
         self.assertEqual([reply for _, reply in self.wechat.sent], [HELP, NOTHING_PENDING, "对话记录已清空。"])
         self.assertEqual(await self.store.pending_inbound(), [])
         self.assertEqual(await self.router.replay(), 0)
+
+    async def test_a_console_line_is_forgotten_and_a_message_no_start_finishes_is_given_up(self):
+        await self.store.record_inbound("console", "owner", None, "/help")
+        stuck = await self.store.record_inbound("wechat", "owner", None, "让 iAs 崩溃的消息")
+        self.sql("UPDATE inbound SET replays = %s WHERE id = %s", (INBOUND_REPLAYS_MAX, stuck))
+        self.assertEqual(await self.router.replay(), 0)
+        self.assertEqual(self.console.sent, [])
+        self.assertEqual(self.wechat.sent, [("owner", f"iAs 重启了 {INBOUND_REPLAYS_MAX} 次仍未处理完这条消息，已跳过：让 iAs 崩溃的消息")])
+        self.assertEqual(await self.store.pending_inbound(), [])
+
+    async def test_each_replay_is_counted(self):
+        await self.store.record_inbound("wechat", "owner", None, "/help")
+        await self.store.count_replays([row.id for row in await self.store.pending_inbound()])
+        [row] = await self.store.pending_inbound()
+        self.assertEqual(row.replays, 1)
 
     async def test_a_cancelled_turn_stays_pending(self):
         self.server.script(stall())
