@@ -3,8 +3,10 @@
 Nothing polls: whoever meets a StoreError calls `suspect()` — the scheduler's LISTEN
 connection sees EOF the moment the server goes away, a turn meets it on its next statement.
 The monitor then checks with a fresh connection; if that fails too, the database is
-*unavailable*: it retries with exponential backoff, restarting the embedded server first on
-every attempt when the database is iAs's own (`Cluster.start()` is idempotent). Reachable
+*unavailable*: it tries a connection at least every DB_RETRY_MAX seconds (a restarted server is
+used again within that), and, when the database is iAs's own, starts the embedded server with an
+exponential backoff of its own (`Cluster.start()` is idempotent, and waits for a server that
+someone else is starting or restarting rather than fighting it). Reachable
 again: `available` is set and waiters resume. Still unreachable after DB_LOST_LIMIT seconds:
 one log line and `on_gone`, which makes the daemon exit non-zero so that systemd's
 Restart=on-failure acts — never a daemon that only apologises.
@@ -20,7 +22,7 @@ import time
 from typing import Callable
 
 from .errors import IasError, StoreError
-from .limits import DB_LOST_LIMIT, DB_RETRY_FIRST, DB_RETRY_MAX
+from .limits import DB_LOST_LIMIT, DB_RESTART_MAX, DB_RETRY_FIRST, DB_RETRY_MAX
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -31,13 +33,14 @@ class DatabaseMonitor:
 
     def __init__(self, store: Store, on_gone: Callable[[str], None], *, restart: Callable[[], object] | None = None,
                  limit: float = DB_LOST_LIMIT, first_delay: float = DB_RETRY_FIRST, max_delay: float = DB_RETRY_MAX,
-                 clock: Callable[[], float] = time.monotonic):
+                 restart_delay: float = DB_RESTART_MAX, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.on_gone = on_gone
         self.restart = restart          # blocking (runs pg_ctl): called in a thread
         self.limit = limit
         self.first_delay = first_delay
         self.max_delay = max_delay
+        self.restart_delay = restart_delay
         self.clock = clock
         self._suspect = asyncio.Event()
         self._available = asyncio.Event()
@@ -90,14 +93,19 @@ class DatabaseMonitor:
             self._checked.set()
 
     async def _reconnect(self, lost_at: float) -> Exception | None:
-        """Retry with backoff until connected (None) or past the limit (the last error)."""
-        delay = self.first_delay
+        """Retry until connected (None) or past the limit (the last error): connection attempts at most
+        `max_delay` apart (a server back up is used within that), restarts of the embedded server with a
+        backoff of their own up to `restart_delay` (a server that cannot start is not hammered)."""
+        delay = restart_delay = self.first_delay
+        restart_at = lost_at
         while True:
-            if self.restart is not None:
+            if self.restart is not None and self.clock() >= restart_at:
                 try:
-                    await asyncio.to_thread(self.restart)
+                    await asyncio.to_thread(self.restart)     # waits for a server someone else is (re)starting
                 except IasError as exc:
                     log.debug("restarting the embedded PostgreSQL failed: %s", exc)
+                restart_at = self.clock() + restart_delay
+                restart_delay = min(restart_delay * 2, self.restart_delay)
             try:
                 await self.store.reconnect()
                 return None
