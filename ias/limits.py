@@ -59,6 +59,8 @@ SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to 
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
 DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
 DB_RETRY_MAX = 1.0                  # seconds between reconnect attempts at most (a restarted server is used within it)
+DISK_LOW_SHARE = 0.05               # free share of the data directory's file system below which the owner is warned
+DISK_CHECK_INTERVAL = 300.0         # seconds between the daemon's looks at that free space
 DB_RESTART_MAX = 8.0                # seconds between starts of the embedded server at most (doubled from DB_RETRY_FIRST)
 
 # Scheduler

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Awaitable, Callable
 
 from .errors import IasError, StoreError
-from .limits import DB_LOST_LIMIT, DB_RESTART_MAX, DB_RETRY_FIRST, DB_RETRY_MAX
+from .limits import DISK_CHECK_INTERVAL, DISK_LOW_SHARE, DB_LOST_LIMIT, DB_RESTART_MAX, DB_RETRY_FIRST, DB_RETRY_MAX
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -116,3 +118,72 @@ class DatabaseMonitor:
                 return last
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.max_delay)
+
+
+# -- free space under the data directory (SPEC §15 "Disk") --
+
+LOW_DISK = "磁盘空间不足：数据目录所在分区仅剩 {share}（可用 {free}，共 {total}；{path}）。空间用尽时数据库会停止，请尽快清理。"
+
+
+def disk_space(path: Path, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> tuple[float, int, int]:
+    """(free share, free bytes, total bytes) of the file system holding `path` (or its nearest existing
+    parent), as an unprivileged user sees it (f_bavail: root's reserve does not count)."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = statvfs(str(path))
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return (free / total if total else 1.0), free, total
+
+
+def low_disk(path: Path, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> str | None:
+    """The owner's warning when less than DISK_LOW_SHARE of the space under `path` is free, else None."""
+    share, free, total = disk_space(path, statvfs)
+    if share >= DISK_LOW_SHARE:
+        return None
+    return LOW_DISK.format(share=f"{share:.1%}", free=_size(free), total=_size(total), path=Path(path).resolve())
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 2 ** 30), ("MB", 2 ** 20)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count / 2 ** 10:.0f} KB"
+
+
+class DiskWatch:
+    """The daemon's periodic look at free space under the data directory: the owner is told once when it
+    falls below DISK_LOW_SHARE (again only after it has recovered and fallen again). A warning that cannot
+    be queued (the database is down: a full disk stops it) is tried again at the next check."""
+
+    def __init__(self, path: Path, tell: Callable[[str], Awaitable[object]], *,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs, interval: float = DISK_CHECK_INTERVAL):
+        self.path = path
+        self.tell = tell
+        self.statvfs = statvfs
+        self.interval = interval
+        self.told = False
+
+    async def check(self) -> None:
+        try:
+            warning = low_disk(self.path, self.statvfs)
+        except OSError as exc:
+            log.warning("cannot check the free space under %s: %s", self.path, exc)
+            return
+        if warning is None:
+            self.told = False
+            return
+        if self.told:
+            return
+        log.warning("low disk space under %s: %s", self.path, warning)
+        try:
+            await self.tell(warning)
+        except StoreError as exc:
+            log.warning("the low disk warning is not queued yet (%s); trying again at the next check", exc)
+            return
+        self.told = True
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.interval)
