@@ -72,21 +72,46 @@ class FinishTest(GateTestCase):
                          [("skill_started", "approved"), ("skill_finished", "approved")])
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], {"success": True, "output": "woke\n"})
 
-    async def test_when_the_store_refuses_the_owner_is_told_the_call_ran(self):
+    async def private_cluster(self, fsync: bool = False) -> tuple[Cluster, Store]:
         root = Path(tempfile.mkdtemp(prefix="ias-gate-pg-"))
         os.chmod(root, 0o755)
         self.addCleanup(shutil.rmtree, root, True)
-        cluster = Cluster(root / "pg", fsync=False)
+        cluster = Cluster(root / "pg", fsync=fsync)
         store = await Store.open(cluster.start(), chain=test_chain(self))
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
+        return cluster, store
+
+    async def test_when_the_store_refuses_the_owner_is_told_the_call_ran(self):
+        cluster, store = await self.private_cluster()
         other = self.build(store=store)
         owner = FakeOwner()
         call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
-        os.kill(int((root / "pg" / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
+        os.kill(int((cluster.datadir / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
         wake.touch()
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
         self.assertEqual(owner.messages[-1], NOT_SAVED.format(name="nap_high"))
+
+    async def test_an_end_refused_during_an_outage_is_written_when_the_database_returns(self):
+        cluster, store = await self.private_cluster(fsync=True)      # skill_started survives the kill -9
+        other = self.build(store=store)
+        owner = FakeOwner()
+        call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        await until(lambda: not running(postmaster), 10)
+        wake.touch()
+        self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})   # not held up
+        self.assertEqual(owner.messages[-1], NOT_SAVED.format(name="nap_high"))
+        self.assertFalse(await other.gate.drain(0.3))      # the end is still kept, waiting for the database
+        await asyncio.to_thread(cluster.start)
+        self.assertTrue(await other.gate.drain(10))        # written once the database is back
+        rows = [(r.event, r.decision) for r in await store.audit_rows(20) if r.event.startswith("skill_")]
+        self.assertEqual(sorted(rows), [("skill_finished", "approved"), ("skill_started", "approved")])
+        self.assertEqual([a.result for a in await store.approvals(include_closed=True)],
+                         [{"success": True, "output": "woke\n"}])
+        self.assertEqual(await store.unfinished_calls(), [])    # so no later start takes it for interrupted
+        self.assertEqual(await other.gate.record_interrupted(), 0)
 
     async def test_calls_of_dead_processes_are_recorded_as_interrupted_once(self):
         pid, start = identity()
