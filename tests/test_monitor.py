@@ -7,6 +7,7 @@ import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
+from ias.cli import _disk_line
 from ias.errors import StoreError
 from ias.monitor import DatabaseMonitor, DiskWatch, low_disk
 from ias.store import Store
@@ -158,6 +159,17 @@ class DiskWatchTest(unittest.IsolatedAsyncioTestCase):
 
     def test_plenty_of_space_is_no_warning(self):
         self.assertIsNone(low_disk(Path(tempfile.gettempdir()), fake_statvfs([0.05])))
+
+
+class DoctorDiskLineTest(unittest.TestCase):
+    def test_doctor_warns_below_5_percent(self):
+        data = Path(tempfile.gettempdir()) / "no-such-ias-dir"
+        ok, what, detail = _disk_line(data, fake_statvfs([0.5]))
+        self.assertEqual((ok, what), (True, "disk"))
+        ok, what, detail = _disk_line(data, fake_statvfs([0.02]))
+        self.assertEqual((ok, what), (None, "disk"))              # a warning, not a failure
+        self.assertIn("2.0% free under", detail)
+        self.assertIn("below 5%", detail)
 
 
 class SupervisorTest(unittest.IsolatedAsyncioTestCase):
