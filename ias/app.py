@@ -37,6 +37,7 @@ from .mcp import Servers
 from .registry import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
+from .unwritten import FILE as UNWRITTEN_FILE, Unwritten
 from .wechat_login import credentials
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
-    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
+    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp,
+                Unwritten(store, config.data_dir / UNWRITTEN_FILE))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = outbox = None
     if channels:
@@ -273,6 +275,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.error("skill not loaded: %s", line)
         # Crash recovery: what a dead daemon or command left behind (never a re-run).
         await asyncio.to_thread(recover, c.runner.run_dir)
+        await c.gate.unwritten.replay()             # ends a stopped daemon kept: written, never "interrupted"
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()
         await c.outbox.forget_unresumable()
@@ -322,6 +325,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             await scheduler.stop()
             await supervisor.cancel(SHUTDOWN_GRACE)
             await c.gate.drain(SHUTDOWN_GRACE)          # what the cancellations recorded
+            c.gate.unwritten.save()                     # what the database refused: for the next start
             try:
                 await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"
                                              + (f", {supervisor.reason}" if supervisor.reason else "")))

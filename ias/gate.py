@@ -8,7 +8,8 @@ Once a skill has started, its end is always recorded: the `skill_finished` row a
 call's result are written by a task of their own, which neither a cancelled turn nor a
 shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them (the
 database is down), the owner is told that the call ran, and they are kept in memory and written
-when the database is back, so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
+when the database is back (a daemon that stops first keeps them in a file for its next start),
+so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
 """
@@ -26,10 +27,11 @@ from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .builtins import Builtins
 from .errors import StoreError
-from .limits import ARGUMENTS_MAX, DB_RETRY_FIRST, DB_RETRY_MAX, TOOL_NAME_SHOWN
+from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .runner import Runner, RunResult, alive, identity
 from .registry import Registry
 from .store import AuditEntry, Store
+from .unwritten import End, Unwritten
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
     def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals,
-                 builtins: Builtins | None = None, mcp=None):
+                 builtins: Builtins | None = None, mcp=None, unwritten: Unwritten | None = None):
         self.registry = registry
         self.runner = runner
         self.builtins = builtins
@@ -47,6 +49,7 @@ class Gate:
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
+        self.unwritten = unwritten or Unwritten(store)    # ends the database refused, until it takes them
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
                    turn: TurnBudget | None = None) -> dict:
@@ -148,32 +151,18 @@ class Gate:
         entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
                            approval_id=approval_id, detail=tag, duration_ms=int((time.monotonic() - started) * 1000),
                            **ended)
-        writes = {"skill_finished": lambda: self.store.audit(entry)}
-        if approval_id is not None:
-            writes["result"] = lambda: self.store.record_result(approval_id, llm)
-        failed = await _attempt(writes, skill.name, approval_id)
-        if not failed:
+        end = End(entry, approval_id, llm if approval_id is not None else None)
+        if await end.write(self.store):
             return
         if approval_id is not None and notify is not None:
             try:
                 await notify(NOT_SAVED.format(name=skill.name))
             except Exception:
                 log.exception("approval %s: telling the owner that the result was not saved failed", approval_id)
-        # Kept in memory and written when the database is back (never lost to an outage, so the next
-        # start never takes the call for interrupted); shutdown waits for it like for any end (`drain`).
-        keeper = asyncio.ensure_future(self._keep(failed, skill.name, approval_id))
+        # Kept and written when the database is back (see unwritten.py); shutdown waits for it (`drain`).
+        keeper = asyncio.ensure_future(self.unwritten.keep(end))
         self._finishing.add(keeper)
         keeper.add_done_callback(self._finishing.discard)
-
-    async def _keep(self, writes: dict, name: str, approval_id, first: float = DB_RETRY_FIRST,
-                    most: float = DB_RETRY_MAX) -> None:
-        """Retry the end's writes that failed, with backoff (at most `most` s apart), until all are done."""
-        delay = first
-        while writes:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, most)
-            writes = await _attempt(writes, name, approval_id, quiet=True)
-        log.warning("skill %s: its end is recorded now that the database is back", name)
 
     async def drain(self, timeout: float) -> bool:
         """Shutdown: wait up to `timeout` s until every started run has recorded its end; whether all did."""
@@ -217,19 +206,6 @@ class Gate:
 
 NOT_SAVED = "操作已执行，但结果暂未能保存（数据库恢复后补记）：{name}"
 _CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
-
-
-async def _attempt(writes: dict, name: str, approval_id, *, quiet: bool = False) -> dict:
-    """Run each write in order; the ones the store refused (logged unless `quiet`)."""
-    failed = {}
-    for what, write in writes.items():
-        try:
-            await write()
-        except StoreError as exc:
-            if not quiet:
-                log.error("skill %s (approval %s) ran but its %s was not written yet: %s", name, approval_id, what, exc)
-            failed[what] = write
-    return failed
 
 
 def call_tag() -> str:

@@ -12,6 +12,7 @@ import time
 import unittest
 import uuid
 from pathlib import Path
+from unittest import mock
 
 from ias.approval import Approvals
 from ias.audit import REDACTED, redact
@@ -20,7 +21,8 @@ from ias.gate import NOT_SAVED, Gate
 from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
-from ias.store import Store
+from ias.store import AuditEntry, Store
+from ias.unwritten import End
 from tests.support import FIXTURES, FakeOwner, GateTestCase, test_chain, until
 from tests.test_runner import running
 
@@ -112,6 +114,52 @@ class FinishTest(GateTestCase):
                          [{"success": True, "output": "woke\n"}])
         self.assertEqual(await store.unfinished_calls(), [])    # so no later start takes it for interrupted
         self.assertEqual(await other.gate.record_interrupted(), 0)
+
+    async def test_an_end_kept_past_a_daemon_stop_is_written_by_the_next_start_never_interrupted(self):
+        cluster, store = await self.private_cluster(fsync=True)
+        other = self.build(store=store)
+        owner = FakeOwner()
+        pid, start = identity()
+        dead = f"call={uuid.uuid4().hex} pid={pid} start={start + 1}"   # as seen by the next start: a dead process
+        with mock.patch("ias.gate.call_tag", return_value=dead):
+            call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        await until(lambda: not running(postmaster), 10)
+        wake.touch()
+        self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
+        self.assertFalse(await other.gate.drain(0.3))
+        self.assertEqual(other.gate.unwritten.save(), 1)          # the daemon stops before the database returns
+        kept = self.tmp / "unwritten-ends.jsonl"
+        self.assertEqual(kept.stat().st_mode & 0o777, 0o600)
+        await asyncio.to_thread(cluster.start)
+        fresh = await Store.open(cluster.dsn, chain=test_chain(self))
+        self.addAsyncCleanup(fresh.close)
+        following = self.build(store=fresh)                        # the next daemon start
+        self.assertEqual(await following.gate.unwritten.replay(), 1)
+        self.assertEqual(await following.gate.record_interrupted(), 0)
+        self.assertEqual(await following.gate.unwritten.replay(), 0)
+        self.assertFalse(kept.exists())
+        rows = [(r.event, r.decision, r.detail) for r in await fresh.audit_rows(20) if r.event.startswith("skill_")]
+        self.assertEqual(rows, [("skill_started", "approved", dead), ("skill_finished", "approved", dead)])
+        self.assertEqual([a.result for a in await fresh.approvals(include_closed=True)],
+                         [{"success": True, "output": "woke\n"}])
+
+    def test_a_kept_end_reads_back_as_it_was_written(self):
+        approval = uuid.uuid4()
+        entry = AuditEntry("skill_finished", user_id="owner", skill_name="nap_high", risk="High", approval_id=approval,
+                           decision="approved", exit_code=0, duration_ms=12, output_size=5, truncated=False,
+                           detail="call=x pid=1 start=2")
+        end = End(entry, approval, {"success": True, "output": "好\ud800\n"})
+        self.assertEqual(End.parse(end.line()), end)
+        self.assertEqual(End.parse(End(None, approval, {"a": 1}).line()), End(None, approval, {"a": 1}))
+
+    async def test_a_damaged_kept_file_is_logged_and_dropped(self):
+        kept = self.tmp / "unwritten-ends.jsonl"
+        kept.write_text("not json\n")
+        with self.assertLogs("ias.unwritten", "ERROR"):
+            self.assertEqual(await self.gate.unwritten.replay(), 0)
+        self.assertFalse(kept.exists())
 
     async def test_calls_of_dead_processes_are_recorded_as_interrupted_once(self):
         pid, start = identity()
