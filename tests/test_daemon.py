@@ -18,6 +18,8 @@ import psycopg
 
 from ias.pgcluster import Cluster, find_bindir
 from ias.runner import identity
+from ias.store import AuditEntry
+from ias.unwritten import End
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
 from tests.test_runner import running
@@ -314,6 +316,27 @@ class FaultTest(DaemonTestCase):
         self.assertEqual(len(started), 10)
         self.assertEqual(sorted(started), sorted(finished))      # every call ended, and is matched by its tag
         self.assertEqual(list(os.listdir(self.tmp / "runs")), [])
+
+    def test_an_end_a_stopped_daemon_kept_is_written_at_start_never_interrupted(self):
+        first = self.daemon()                      # the schema; then the state a daemon stopped in an outage left
+        Lines(first.stderr).wait_for("iAs is running")
+        first.send_signal(signal.SIGTERM)
+        self.assertEqual(first.wait(timeout=10), 0)
+        pid, start = identity()
+        dead_tag = f"call={uuid.uuid4().hex} pid={pid} start={start + 1}"     # a process that is gone
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO audit_log (event, skill_name, detail, prev_hash, hash) "
+                         "VALUES ('skill_started', 'nap', %s, '', '')", (dead_tag,))
+        kept = self.tmp / "unwritten-ends.jsonl"
+        kept.write_text(End(AuditEntry("skill_finished", skill_name="nap", decision="auto", exit_code=0,
+                                       detail=dead_tag)).line())
+        proc = self.daemon()
+        Lines(proc.stderr).wait_for("iAs is running")
+        self.assertEqual(self.audit_rows("skill_started", "skill_finished", "skill_interrupted"),
+                         [("skill_started", None, dead_tag), ("skill_finished", "auto", dead_tag)])
+        self.assertFalse(kept.exists())
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0)
 
     def test_kill_9_mid_skill_then_start_records_interrupted_and_cleans_up(self):
         first = self.daemon()
