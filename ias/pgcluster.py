@@ -16,7 +16,12 @@ A process that is done drops its share and, under the start lock, tries to take 
 exclusively: only when that succeeds is nobody else using the server, and it is stopped. A
 killed process (kill -9 included) drops its share with its descriptors, so it never keeps the
 server up for good — but a server whose last user was killed keeps running until the next user
-exits. Not handled: upgrades between PostgreSQL major versions.
+exits. A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a
+postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
+runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
+start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
+Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
+waits for iAs's own connections, is waited for up to CLUSTER_START_TIMEOUT.
 """
 from __future__ import annotations
 
