@@ -37,7 +37,7 @@ from .mcp import Servers
 from .registry import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
-from .unwritten import FILE as UNWRITTEN_FILE, Unwritten
+from .unwritten import FILE as UNWRITTEN_FILE
 from .wechat_login import credentials
 
 if TYPE_CHECKING:
@@ -112,8 +112,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
-    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp,
-                Unwritten(store, config.data_dir / UNWRITTEN_FILE))
+    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = outbox = None
     if channels:
@@ -275,6 +274,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.error("skill not loaded: %s", line)
         # Crash recovery: what a dead daemon or command left behind (never a re-run).
         await asyncio.to_thread(recover, c.runner.run_dir)
+        c.gate.unwritten.path = config.data_dir / UNWRITTEN_FILE     # the daemon's ends survive its restart
         await c.gate.unwritten.replay()             # ends a stopped daemon kept: written, never "interrupted"
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()

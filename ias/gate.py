@@ -40,7 +40,7 @@ class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
     def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals,
-                 builtins: Builtins | None = None, mcp=None, unwritten: Unwritten | None = None):
+                 builtins: Builtins | None = None, mcp=None):
         self.registry = registry
         self.runner = runner
         self.builtins = builtins
@@ -49,7 +49,7 @@ class Gate:
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
-        self.unwritten = unwritten or Unwritten(store)    # ends the database refused, until it takes them
+        self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
                    turn: TurnBudget | None = None) -> dict:

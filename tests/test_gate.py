@@ -22,7 +22,7 @@ from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
 from ias.store import AuditEntry, Store
-from ias.unwritten import End
+from ias.unwritten import FILE, End
 from tests.support import FIXTURES, FakeOwner, GateTestCase, test_chain, until
 from tests.test_runner import running
 
@@ -129,13 +129,14 @@ class FinishTest(GateTestCase):
         wake.touch()
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
         self.assertFalse(await other.gate.drain(0.3))
+        kept = other.gate.unwritten.path = self.tmp / FILE          # as run_daemon sets it
         self.assertEqual(other.gate.unwritten.save(), 1)          # the daemon stops before the database returns
-        kept = self.tmp / "unwritten-ends.jsonl"
         self.assertEqual(kept.stat().st_mode & 0o777, 0o600)
         await asyncio.to_thread(cluster.start)
         fresh = await Store.open(cluster.dsn, chain=test_chain(self))
         self.addAsyncCleanup(fresh.close)
         following = self.build(store=fresh)                        # the next daemon start
+        following.gate.unwritten.path = kept
         self.assertEqual(await following.gate.unwritten.replay(), 1)
         self.assertEqual(await following.gate.record_interrupted(), 0)
         self.assertEqual(await following.gate.unwritten.replay(), 0)
@@ -155,7 +156,7 @@ class FinishTest(GateTestCase):
         self.assertEqual(End.parse(End(None, approval, {"a": 1}).line()), End(None, approval, {"a": 1}))
 
     async def test_a_damaged_kept_file_is_logged_and_dropped(self):
-        kept = self.tmp / "unwritten-ends.jsonl"
+        kept = self.gate.unwritten.path = self.tmp / FILE
         kept.write_text("not json\n")
         with self.assertLogs("ias.unwritten", "ERROR"):
             self.assertEqual(await self.gate.unwritten.replay(), 0)
