@@ -350,6 +350,7 @@ async def cmd_doctor(config) -> int:
         bad = [p for p in problems if not p.endswith("(warning)")]
         line(False if bad else True if tools else None, f"mcp server {spec.name}",
              "; ".join(bad) if bad else f"{len(tools)} tools: {', '.join(tools) or '-'}")
+    line(*_disk_line(config.data_dir))
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
@@ -377,6 +378,20 @@ async def cmd_doctor(config) -> int:
             except Exception as exc:              # any endpoint failure is a finding, not a crash
                 line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
     return 1 if failed else 0
+
+
+def _disk_line(data_dir, statvfs=os.statvfs) -> tuple[bool | None, str, str]:
+    """doctor's look at the free space under the data directory: a warning below 5 %."""
+    from .limits import DISK_LOW_SHARE
+    from .monitor import disk_space
+    try:
+        share, free, total = disk_space(data_dir, statvfs)
+    except OSError as exc:
+        return None, "disk", f"cannot check the free space under {data_dir}: {exc}"
+    detail = f"{share:.1%} free under {data_dir} ({free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB)"
+    if share < DISK_LOW_SHARE:
+        return None, "disk", f"{detail}: below {DISK_LOW_SHARE:.0%}, the database stops when the disk is full"
+    return True, "disk", detail
 
 
 def run() -> None:

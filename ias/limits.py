@@ -61,7 +61,10 @@ STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the v
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
 DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
-DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
+DB_RETRY_MAX = 1.0                  # seconds between reconnect attempts at most (a restarted server is used within it)
+DISK_LOW_SHARE = 0.05               # free share of the data directory's file system below which the owner is warned
+DISK_CHECK_INTERVAL = 300.0         # seconds between the daemon's looks at that free space
+DB_RESTART_MAX = 8.0                # seconds between starts of the embedded server at most (doubled from DB_RETRY_FIRST)
 
 # Scheduler
 SCHEDULER_MAX_SLEEP = 30.0          # seconds; re-check at least this often (forward clock jumps, lost NOTIFY)
@@ -108,6 +111,10 @@ NOTIFY_TEXT_MAX = 4000              # characters of one fallback message
 CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to start or stop
 CLUSTER_STALE_WAIT = 10.0           # seconds a start is retried while a killed server's backends still exit
 CLUSTER_RETRY_PAUSE = 0.2           # seconds between those attempts
+CLUSTER_HANDOVER = 1.0              # seconds after such a server exits for a restart to start the next one
+CLUSTER_POLL = 0.05                 # seconds between looks at a server someone else is starting or stopping
+CLUSTER_MAX_WAL = "256MB"           # max_wal_size: WAL kept between checkpoints (SPEC: at most 256 MB)
+CLUSTER_MIN_WAL = "32MB"            # min_wal_size: WAL recycled in advance
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
 # MCP servers (ias/mcp.py)

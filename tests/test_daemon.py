@@ -16,8 +16,10 @@ from pathlib import Path
 
 import psycopg
 
-from ias.pgcluster import Cluster
+from ias.pgcluster import Cluster, find_bindir
 from ias.runner import identity
+from ias.store import AuditEntry
+from ias.unwritten import End
 from tests.servers.llm import LLMServer, calls, text
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
 from tests.test_runner import running
@@ -92,7 +94,11 @@ if sys.argv[2] == "crash":
     async def crash(self):
         raise RuntimeError("scheduler exploded")
     scheduler.Scheduler.run = crash
-sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]))))
+options = {}
+if sys.argv[2] == "lowdisk":                # 1 % free under the data directory
+    from types import SimpleNamespace
+    options["statvfs"] = lambda path: SimpleNamespace(f_frsize=4096, f_blocks=1_000_000, f_bavail=10_000)
+sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]), **options)))
 """
 
 
@@ -311,6 +317,27 @@ class FaultTest(DaemonTestCase):
         self.assertEqual(sorted(started), sorted(finished))      # every call ended, and is matched by its tag
         self.assertEqual(list(os.listdir(self.tmp / "runs")), [])
 
+    def test_an_end_a_stopped_daemon_kept_is_written_at_start_never_interrupted(self):
+        first = self.daemon()                      # the schema; then the state a daemon stopped in an outage left
+        Lines(first.stderr).wait_for("iAs is running")
+        first.send_signal(signal.SIGTERM)
+        self.assertEqual(first.wait(timeout=10), 0)
+        pid, start = identity()
+        dead_tag = f"call={uuid.uuid4().hex} pid={pid} start={start + 1}"     # a process that is gone
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO audit_log (event, skill_name, detail, prev_hash, hash) "
+                         "VALUES ('skill_started', 'nap', %s, '', '')", (dead_tag,))
+        kept = self.tmp / "unwritten-ends.jsonl"
+        kept.write_text(End(AuditEntry("skill_finished", skill_name="nap", decision="auto", exit_code=0,
+                                       detail=dead_tag)).line())
+        proc = self.daemon()
+        Lines(proc.stderr).wait_for("iAs is running")
+        self.assertEqual(self.audit_rows("skill_started", "skill_finished", "skill_interrupted"),
+                         [("skill_started", None, dead_tag), ("skill_finished", "auto", dead_tag)])
+        self.assertFalse(kept.exists())
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0)
+
     def test_kill_9_mid_skill_then_start_records_interrupted_and_cleans_up(self):
         first = self.daemon()
         bash, child = self.start_nap(first)
@@ -356,6 +383,44 @@ class FaultTest(DaemonTestCase):
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=20), 0, log.text())
         self.assertNotIn("Traceback", log.text())
+
+    def test_a_pg_ctl_restart_costs_at_most_2_s_after_the_server_is_ready(self):
+        datadir = self.tmp / "data" / "pg"
+        proc = self.daemon(env={"IAS_DATABASE_URL": "", "IAS_DATA_DIR": str(self.tmp / "data")}, driver=(30, "normal"))
+        self.addCleanup(self.stop_embedded, datadir)
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running", timeout=60)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。")
+        before = len(log.lines)
+        restart = subprocess.Popen([str(find_bindir() / "pg_ctl"), "restart", "-D", str(datadir), "-m", "fast", "-w",
+                                    "-l", str(datadir / "server.log")], cwd="/", user=datadir.stat().st_uid,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.procs.append(restart)
+        self.say(proc, "/reset")                  # in the outage (the router answers it at once, see below)
+        self.assertEqual(restart.wait(timeout=60), 0, restart.stderr.read())    # nobody fought the restart
+        ready = time.monotonic()
+        # The monitor saw the outage and is back within 2 s of the server's readiness; the next message is answered.
+        log.wait_for("database reachable again", timeout=2, start=log.wait_for("database lost", start=before))
+        self.assertLess(time.monotonic() - ready, 2)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。", timeout=max(0.1, ready + 2.5 - time.monotonic()), start=2)
+        lines = "".join(log.lines[before:])
+        self.assertNotIn("embedded PostgreSQL started", lines)      # iAs started no server of its own
+        self.assertNotIn("pg_ctl failed", lines)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0, log.text())
+        self.assertNotIn("Traceback", log.text())
+
+    def test_low_disk_space_is_told_to_the_owner_once(self):
+        proc = self.daemon(driver=(30, "lowdisk"))
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        out.wait_for("磁盘空间不足：数据目录所在分区仅剩 1.0%（可用 39.1 MB，共 3.8 GB；", timeout=30)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。")
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0, log.text())
+        self.assertEqual(len([line for line in out.lines if "磁盘空间不足" in line]), 1)
 
     def stop_embedded(self, datadir: Path) -> None:
         cluster = Cluster(datadir)
