@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import SkillError
 from .limits import MCP_DESCRIPTION_MAX
+from .sandbox import Policy
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, load_skill
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class Registry:
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                 mcp_cache: Path | None = None):
+                 mcp_cache: Path | None = None, confine: Callable[[], str | None] | None = None):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -48,6 +49,7 @@ class Registry:
         self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
         self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
         self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
+        self._confine = confine              # why user skills and MCP servers may not load here (the sandbox), or None
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
@@ -133,6 +135,11 @@ class Registry:
                     continue
             else:
                 self._good[path] = outcome
+            if (source == "user" or isinstance(outcome, McpServer)) and self._confine is not None:
+                refused = self._confine()
+                if refused:
+                    problems.append(f"{path}:1: not loaded: {refused}")
+                    continue
             found = system if source == "system" else user
             if isinstance(outcome, McpServer):
                 servers[outcome.name] = outcome
@@ -167,7 +174,7 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2       # 2: the ## Sandbox policy
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
                   "parameters_line", "builtin")
 
@@ -197,7 +204,8 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
                 outcome = SkillError([str(p) for p in spec])
             else:
                 outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
-                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]))
+                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]),
+                                sandbox=Policy.from_lines(spec["sandbox"]))
             out[path] = (tuple(signature), outcome)
         return out
     except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
@@ -214,7 +222,7 @@ def _write_cache(file: Path, entries: dict) -> None:
             spec = list(outcome.problems)
         else:
             spec = {k: getattr(outcome, k) for k in _CACHED_FIELDS}
-            spec.update(env=list(outcome.env), directory=str(outcome.directory))
+            spec.update(env=list(outcome.env), directory=str(outcome.directory), sandbox=outcome.sandbox.lines())
         out[str(path)] = [list(signature), spec]
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -248,13 +256,14 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
                   allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                  mcp_cache: Path | None = None) -> Registry:
+                  mcp_cache: Path | None = None, confine: Callable[[], str | None] | None = None) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
     `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
     An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
     so listing never waits for a server."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
-    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache)
+    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache,
+                   confine=confine)
     reg.reload()
     return reg
 
@@ -277,8 +286,10 @@ SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
+    from .sandbox import refusal
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
-                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config))
+                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config),
+                         confine=lambda: refusal(config))
 
 
 # -- MCP tools as skills --
@@ -363,7 +374,7 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=validator, source=server.source,
-                             parameters_line=server.line, mcp=McpTool(server.name, raw, given))
+                             parameters_line=server.line, mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")

@@ -191,6 +191,24 @@ class SkillsTestCase(GateTestCase):
     user_skills = REPO / "skills"
 
 
+def with_env(marker: str) -> list[int]:
+    """Host pids of the live processes whose environment holds `marker` (`NAME=value`): a sandboxed skill's
+    processes, whatever pid namespace they are in (their own pids mean nothing out here)."""
+    wanted = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except OSError:
+            continue
+        if wanted in environ and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
 async def until(predicate, timeout: float = 10) -> None:
     """Wait for an observable end state that has no event of its own (a file written, a flag flipped)."""
     deadline = time.monotonic() + timeout
