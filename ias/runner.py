@@ -266,6 +266,8 @@ class Runner:
     async def _run(self, skill: Skill, params: dict, limit: float, entry: _Run) -> RunResult:
         text = _params_json(params)
         directory = os.path.abspath(skill.directory)
+        if not self.sandbox.probed:         # once per process: a sandbox is started to see what works
+            await asyncio.to_thread(self.sandbox.level)
         output = _Output(entry.stop)
         home = None
         try:
@@ -409,6 +411,8 @@ class Runner:
         """Start an MCP server (no shell) in its own session, in its directory, with a scrubbed environment and
         a private HOME under the run directory (so `recover` ends it if this process dies); raises OSError."""
         directory = os.path.abspath(directory)
+        if not self.sandbox.probed:
+            await asyncio.to_thread(self.sandbox.level)
         self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         pid, start = identity()
         home = tempfile.mkdtemp(prefix=f"run-{pid}-{start}-mcp-", dir=self._run_dir)

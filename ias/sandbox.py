@@ -153,6 +153,11 @@ class Sandbox:
             _levels[key] = self._probe()
         return _levels[key]
 
+    @property
+    def probed(self) -> bool:
+        """Whether level() is known without starting anything."""
+        return f"{self.user}:{os.getuid()}" in _levels
+
     def _probe(self) -> Level:
         if self._bwrap is None:
             return Level("none", "bubblewrap (bwrap) is not installed")
@@ -237,9 +242,9 @@ class Sandbox:
                     done.add(parent)
             args += mount
             done.add(dest)
-            if mount[0] != "--tmpfs" and mount[-2] != "--tmpfs":
+            if mount[-2] != "--tmpfs":
                 shown.append(dest)
-        return args + self._masks()
+        return args + self._masks(shown)
 
     def _system(self) -> list[str]:
         args = []
@@ -251,12 +256,12 @@ class Sandbox:
         return [*args, "--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
                 "--size", str(SANDBOX_TMPFS_MAX), "--perms", "1777", "--tmpfs", "/tmp"]
 
-    def _masks(self) -> list[str]:
-        """/etc's secrets, and the config, key and env files wherever a mount shows them."""
+    def _masks(self, shown: list[str]) -> list[str]:
+        """/etc's secrets, and the config, key and env files where a mount in `shown` would show them."""
         args = []
         for pattern in (*ETC_SECRETS, *self.hidden):
             for path in glob.glob(pattern) if "*" in pattern else [pattern]:
-                if not os.path.lexists(path) or os.path.islink(path):
+                if not os.path.lexists(path) or os.path.islink(path) or not any(_under(path, t) for t in shown):
                     continue
                 if os.path.isdir(path):
                     args += ["--tmpfs", path]
