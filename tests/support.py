@@ -154,7 +154,7 @@ class GateTestCase(StoreTestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-gate-"))
         self.key = os.urandom(32)
         self.use(self.build())
-        self.marker = self.tmp / "marker"
+        self.marker = granted("marker")       # mark_high writes it: GRANTS, as its ## Sandbox says
         self.owner = FakeOwner()
 
     def build(self, *, environ: dict[str, str] | None = None, store: Store | None = None, **options) -> App:
@@ -189,6 +189,47 @@ class SkillsTestCase(GateTestCase):
     """The gate over the shipped skills (resources/skills and skills/)."""
     system_skills = REPO / "resources" / "skills"
     user_skills = REPO / "skills"
+
+
+GRANTS = Path("/tmp/ias-test-grants")     # where fixture skills may write: their `## Sandbox` grants it
+_granted: list[Path] = []
+
+
+def granted(stem: str) -> Path:
+    """A fresh path in GRANTS (sticky and open to the sandbox user), removed when the tests end: where a
+    fixture skill leaves its pid file or marker for the test (never the repository or the data dir)."""
+    GRANTS.mkdir(exist_ok=True)
+    os.chmod(GRANTS, 0o1777)
+    path = GRANTS / f"{stem}-{uuid.uuid4().hex}"
+    _granted.append(path)
+    return path
+
+
+@atexit.register
+def _remove_granted() -> None:
+    for path in _granted:
+        for name in (path, path.with_name(path.name + ".tmp")):
+            try:
+                name.unlink()
+            except OSError:
+                pass
+
+
+def fixture_copy(test: unittest.TestCase, name: str) -> Path:
+    """tests/fixtures/NAME copied into a temporary directory, its symlinks made files: a sandboxed skill sees
+    its own directory only, so a script linked in from tests/servers must be there for real."""
+    root = Path(tempfile.mkdtemp(prefix=f"ias-fixture-{name}-"))
+    test.addCleanup(shutil.rmtree, root, True)
+    shutil.copytree(FIXTURES / name, root / name)
+    return root / name
+
+
+def skill_pgid(pidfile: Path) -> int:
+    """The host's process group of the running skill given `pidfile` (its own $$ is its sandbox's pid)."""
+    pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")
+    if not pids:
+        raise AssertionError(f"no running skill was given {pidfile}")
+    return os.getpgid(pids[0])
 
 
 def with_env(marker: str) -> list[int]:

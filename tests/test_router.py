@@ -10,7 +10,7 @@ from ias.router import DB_DOWN, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, until
+from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, granted, until
 
 
 class RouterTestCase(GateTestCase):
@@ -114,7 +114,7 @@ class DatabaseDownTest(RouterTestCase):
 
 class OrderTest(RouterTestCase):
     async def test_one_turn_at_a_time_per_user_and_users_do_not_wait_for_each_other(self):
-        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        pidfile, wake = granted("pid"), granted("wake")
         first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
         await until(pidfile.exists)
         second = self.deliver("/help")                  # the owner again: waits for the first turn

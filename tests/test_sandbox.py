@@ -247,7 +247,7 @@ class SandboxSectionTest(unittest.TestCase):
                          ("network", "default", "unconfined", "in-process"))
         table = subprocess.run([sys.executable, str(REPO / "ias.py"), "skills"], env=env, capture_output=True,
                                text=True, timeout=60).stdout
-        self.assertRegex(table, r"probe_network +user +low .* network")
+        self.assertRegex(table, r"\nprobe_network +user +low +30s +network\n")
         shown = subprocess.run([sys.executable, str(REPO / "ias.py"), "skills", "show", "execute_shell"], env=env,
                                capture_output=True, text=True, timeout=60).stdout
         self.assertEqual(json.loads(shown)["sandbox"], "unconfined")
