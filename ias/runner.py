@@ -85,7 +85,7 @@ from .limits import (
     OUTPUT_HELD_MAX,
     STDERR_HELD_MAX,
 )
-from .sandbox import Policy, Sandbox
+from .sandbox import Policy, Sandbox, with_trust_store
 from .skills import RESERVED_ENV, Skill
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ class Runner:
                 bash = shutil.which("bash", path=env["PATH"])    # said here: setpriv/bwrap would use words of their own
                 if bash is None:
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "bash")
-                argv, entry.sandboxed = self._contained([bash, "-c", skill.execute], skill.sandbox, directory, home)
+                argv, entry.sandboxed = self._contained([bash, "-c", skill.execute], skill.sandbox, directory, home, env)
                 transport, _ = await asyncio.get_running_loop().subprocess_exec(
                     lambda: output, *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     cwd=directory, env=env, start_new_session=True)
@@ -362,11 +362,13 @@ class Runner:
                 return
         _signal_group(pgid, signal.SIGKILL)
 
-    def _contained(self, argv: list[str], policy: Policy, directory: str, home: str) -> tuple[list[str], bool]:
+    def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,
+                   env: dict[str, str]) -> tuple[list[str], bool]:
         """`argv` as spawned: in the sandbox (SPEC 10), unless `- unconfined` or the host has no full level;
         and whether it is. Raises PermissionError for a policy that may not run (a path inside the data dir)."""
         if policy.unconfined or not self.sandbox.level().full:
             return [*_pdeathsig(), *argv], False
+        policy = with_trust_store(policy, env)
         refused = self.sandbox.refused(policy)
         if refused:
             raise PermissionError(errno.EACCES, refused)
@@ -424,7 +426,7 @@ class Runner:
             if program is None:    # said here: behind setpriv the exec error would be setpriv's words
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
             command, sandboxed = self._contained([program, *argv[1:]], replace(policy, unconfined=False), directory,
-                                                 home)
+                                                 home, env)
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=directory, env=env, start_new_session=True, limit=line_max)

@@ -30,7 +30,7 @@ import pwd
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .limits import SANDBOX_TMPFS_MAX
@@ -91,6 +91,17 @@ def parse_permission(line: str) -> tuple[str, str | None]:
             raise ValueError(f"'{word}:' PATH may not contain '..'")
         return word, os.path.normpath(path) if path.startswith("/") else "~/" + os.path.normpath(path[2:])
     raise ValueError("a '## Sandbox' line is one of: '- network', '- read: PATH', '- write: PATH', '- unconfined'")
+
+
+TRUST_STORE_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+def with_trust_store(policy: Policy, env: dict[str, str]) -> Policy:
+    """`policy` plus read access to the CA bundle a skill was handed in SSL_CERT_FILE / SSL_CERT_DIR (names
+    it lists in `## Env`, values the owner set): a private CA is public data, and TLS needs it."""
+    extra = tuple(env[name] for name in TRUST_STORE_ENV
+                  if env.get(name, "").startswith("/") and env[name] not in policy.read)
+    return replace(policy, read=policy.read + extra) if extra else policy
 
 
 def expand(path: str) -> str:
@@ -210,7 +221,8 @@ class Sandbox:
             spaces += [] if policy.network else ["--unshare-net"]
             return [*spaces, "--die-with-parent", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                     "--cap-add", "CAP_SETPCAP"]
-        return ["--unshare-all", *(["--share-net"] if policy.network else []), "--disable-userns", "--die-with-parent"]
+        return ["--unshare-all", "--unshare-user", *(["--share-net"] if policy.network else []), "--disable-userns",
+                "--die-with-parent"]
 
     def _filesystem(self, policy: Policy, directory: str, home: str | None) -> list[str]:
         """Mount arguments: the system parts, then every other mount in path order, parents made 0755."""
@@ -233,18 +245,23 @@ class Sandbox:
         shown = [*SYSTEM_TREES, "/etc", "/dev", "/proc"]        # there already, read-only
         args: list[str] = list(self._base)
         done: set[str] = {"/tmp"}
+        skeletons = ["/"]       # where the directories leading to the mounts are made, read-only at the end
         for dest, mount in sorted(mounts, key=lambda m: (m[0].count("/"), m[0])):
             if dest in done or (mount[0] == "--ro-bind-try" and any(_under(dest, t) for t in shown)):
                 continue
             for parent in _parents(dest):
                 if parent not in done and not any(_under(parent, t) for t in shown):
-                    args += ["--perms", "0755", "--dir", parent]     # bwrap would make it 0700
+                    if os.path.dirname(parent) == "/tmp":       # a skeleton in the writable /tmp: a tmpfs of
+                        args += ["--perms", "0755", "--tmpfs", parent]      # its own, made read-only below
+                        skeletons.append(parent)
+                    else:
+                        args += ["--perms", "0755", "--dir", parent]     # bwrap would make it 0700
                     done.add(parent)
             args += mount
             done.add(dest)
             if mount[-2] != "--tmpfs":
                 shown.append(dest)
-        return args + self._masks(shown)
+        return [*args, *self._masks(shown), *(a for path in skeletons for a in ("--remount-ro", path))]
 
     def _system(self) -> list[str]:
         args = []

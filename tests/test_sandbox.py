@@ -32,7 +32,7 @@ from ias.skills import load_skill, parse_skill
 from tests.support import FIXTURES, REPO, server_dsn, with_env
 
 PROBES = FIXTURES / "sandbox"
-FORBIDDEN_EVERYWHERE = {"write_var_tmp", "read_shadow", "write_own_skill", "write_own_directory", "pid_1_environ",
+FORBIDDEN_EVERYWHERE = {"write_var_tmp", "read_shadow", "write_own_skill", "write_own_directory", "write_root",
                         "read_key", "list_data_dir", "write_data_dir", "write_config", "write_repo", "list_repo",
                         "write_other_skill", "read_other_skill", "daemon_environ", "daemon_mem", "signal_daemon",
                         "signal_daemon_winch", "db_socket", "db_tcp", "tcp_local_server", "write_tmp_of_host",
