@@ -35,10 +35,12 @@ SKILL = """# {title}
 
 
 def write(root: Path, name: str, description: str = "Says hello.", script: str = "echo hello", risk: str = "Low",
-          broken: bool = False) -> Path:
+          broken: bool = False, sandbox: str = "") -> Path:
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     body = SKILL.format(title=name, description=description, script=script, risk=risk)
+    if sandbox:
+        body += f"\n## Sandbox\n{sandbox}\n"
     if broken:
         body = body.replace('"object"', '"object",')       # invalid JSON in ## Parameters
     (directory / "SKILL.md").write_text(body, encoding="utf-8")
@@ -129,11 +131,12 @@ class DaemonReloadTest(GateTestCase):
         self.server.assert_complete()
 
     async def test_a_pending_approval_keeps_the_version_it_was_asked_for(self):
-        write(self.user_dir, "stamp", script='echo v1 >> "$IAS_PARAM_MARKER"', risk="High")
+        grant = f"- write: {self.marker.parent}"       # GRANTS, where the marker is
+        write(self.user_dir, "stamp", script='echo v1 >> "$IAS_PARAM_MARKER"', risk="High", sandbox=grant)
         self.registry.reload()
         call = asyncio.create_task(self.gate.call("owner", "stamp", {"marker": str(self.marker)}, self.owner.notify))
         code = await self.owner.code()
-        write(self.user_dir, "stamp", script='echo v2 >> "$IAS_PARAM_MARKER"', risk="High")
+        write(self.user_dir, "stamp", script='echo v2 >> "$IAS_PARAM_MARKER"', risk="High", sandbox=grant)
         self.assertTrue(self.registry.reload())
         await self.approvals.redeem("owner", code)
         self.assertTrue((await call)["success"])
