@@ -82,6 +82,7 @@ from .limits import (
     ENV_VALUE_MAX,
     KILL_GRACE,
     KILL_POLL,
+    LEFTOVER_POLL,
     OUTPUT_HELD_MAX,
     STDERR_HELD_MAX,
 )
@@ -338,8 +339,9 @@ class Runner:
                 output.discard_rest()
             await _wait_for(output.closed, DRAIN_TIMEOUT)
             if _group_alive(pgid):
-                log.warning("skill %s: terminating what it left running in group %d", name, pgid)
-                await self._terminate(pgid, entry.sandboxed)
+                if not entry.sandboxed:
+                    log.warning("skill %s: terminating what it left running in group %d", name, pgid)
+                await self._end_leftovers(pgid, entry.sandboxed)
                 await _wait_for(output.closed, DRAIN_TIMEOUT)
             if not output.closed.is_set():
                 log.warning("skill %s: output still open after the drain; a process left its group", name)
@@ -347,6 +349,18 @@ class Runner:
         except BaseException:   # cancelled: no time left for a grace period
             _signal_group(pgid, signal.SIGKILL)
             raise
+
+    async def _end_leftovers(self, pgid: int, sandboxed: bool) -> None:
+        """End what a run left in its group once its first process is gone. Sandboxed, that first process was
+        bwrap: its pid namespace is already being torn down by the kernel (bwrap returns as soon as the
+        script exits, its init follows a moment later), so no grace is owed: SIGKILL, and wait briefly."""
+        if not sandboxed:
+            await self._terminate(pgid, False)
+            return
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + self._kill_grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(LEFTOVER_POLL)
 
     async def _terminate(self, pgid: int, sandboxed: bool) -> None:
         """SIGTERM the group, give it kill_grace seconds, then SIGKILL whatever is left.
@@ -450,7 +464,7 @@ class Runner:
                 except asyncio.TimeoutError:
                     await self._terminate(proc.pid, server.sandboxed)
             if _group_alive(proc.pid):          # what it left behind in its group
-                await self._terminate(proc.pid, server.sandboxed)
+                await self._end_leftovers(proc.pid, server.sandboxed)
             if not await _wait_for_process(proc, DRAIN_TIMEOUT):
                 log.warning("mcp server %s: a process that left its group still holds its pipes", server.name)
         except BaseException:
