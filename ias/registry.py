@@ -33,7 +33,7 @@ class Registry:
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                 mcp_cache: Path | None = None, confine: Callable[[], str | None] | None = None):
+                 mcp_cache: Path | None = None, confine: Callable[[Skill | McpServer, str], str | None] | None = None):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -49,7 +49,7 @@ class Registry:
         self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
         self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
         self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
-        self._confine = confine              # why user skills and MCP servers may not load here (the sandbox), or None
+        self._confine = confine              # (spec, source) -> why its sandbox keeps it from loading here, or None
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
@@ -135,11 +135,10 @@ class Registry:
                     continue
             else:
                 self._good[path] = outcome
-            if (source == "user" or isinstance(outcome, McpServer)) and self._confine is not None:
-                refused = self._confine()
-                if refused:
-                    problems.append(f"{path}:1: not loaded: {refused}")
-                    continue
+            refused = self._confine(outcome, source) if self._confine is not None else None
+            if refused:
+                problems.append(f"{path}:1: not loaded: {refused}")
+                continue
             found = system if source == "system" else user
             if isinstance(outcome, McpServer):
                 servers[outcome.name] = outcome
@@ -256,7 +255,8 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
                   allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                  mcp_cache: Path | None = None, confine: Callable[[], str | None] | None = None) -> Registry:
+                  mcp_cache: Path | None = None,
+                  confine: Callable[[Skill | McpServer, str], str | None] | None = None) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
     `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
     An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
@@ -286,10 +286,10 @@ SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
-    from .sandbox import refusal
+    from .sandbox import load_problem
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
                          config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config),
-                         confine=lambda: refusal(config))
+                         confine=load_problem(config))
 
 
 # -- MCP tools as skills --

@@ -307,14 +307,31 @@ def for_config(config) -> Sandbox:
                    user=config.sandbox_user, hidden=tuple(hidden))
 
 
-def refusal(config) -> str | None:
+def refusal(config, box: Sandbox | None = None) -> str | None:
     """Why user skills and MCP servers are not loaded here (the level is not full and `[sandbox]
     allow_partial` is not set), else None."""
     if config.sandbox_allow_partial:
         return None
-    level = for_config(config).level()
+    level = (box or for_config(config)).level()
     if level.full:
         return None
     return (f"the sandbox level here is {level}"
             + (f" ({level.missing})" if level.name == "none" and level.missing else "")
             + "; user skills and MCP servers need the full level (or [sandbox] allow_partial = true in ias.toml)")
+
+
+def load_problem(config):
+    """For the registry: (spec, source) -> why that skill does not load under `config`'s sandbox, or None —
+    a `## Sandbox` path inside the data directory or the repository, or a user skill or MCP server on a host
+    below the full level. The level is probed only when such a skill is there."""
+    from .skills import McpServer
+    box = for_config(config)
+
+    def problem(spec, source: str) -> str | None:
+        refused = box.refused(spec.sandbox)
+        if refused:
+            return refused
+        if source == "user" or isinstance(spec, McpServer):
+            return refusal(config, box)
+        return None
+    return problem

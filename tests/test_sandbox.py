@@ -293,6 +293,35 @@ class LevelTest(unittest.TestCase):
         allowed = registry(replace(config, sandbox_allow_partial=True))
         self.assertIsNotNone(allowed.get("probe_escape"))
 
+    def test_a_path_inside_the_data_directory_is_a_load_problem(self):
+        tmp = Path(tempfile.mkdtemp(prefix="ias-sandbox-data-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        shutil.copytree(PROBES / "probe_network", tmp / "skills" / "probe_network")
+        with (tmp / "skills" / "probe_network" / "SKILL.md").open("a") as f:
+            f.write(f"- write: {tmp / 'var' / 'exports'}\n")
+        from ias.registry import registry
+        reg = registry(Config(data_dir=tmp / "var", skills_dir=tmp / "skills"))
+        self.assertIsNone(reg.get("probe_network"))
+        self.assertIn(f"{tmp / 'skills' / 'probe_network' / 'SKILL.md'}:1: not loaded: sandbox path "
+                      f"{tmp / 'var' / 'exports'} overlaps the data directory", reg.problems)
+
+    def test_the_sandbox_table_of_ias_toml(self):
+        from ias.config import load
+        from ias.errors import ConfigError
+        tmp = Path(tempfile.mkdtemp(prefix="ias-sandbox-toml-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        (tmp / "ias.toml").write_text('[sandbox]\nuser = "ias-skills"\nallow_partial = true\n')
+        config = load(tmp / "ias.toml", environ={})
+        self.assertEqual((config.sandbox_user, config.sandbox_allow_partial), ("ias-skills", True))
+        self.assertEqual((load(None, environ={}).sandbox_user, load(None, environ={}).sandbox_allow_partial),
+                         (None, False))
+        for text, message in (('[sandbox]\nallow_partial = "yes"\n', "allow_partial must be true or false"),
+                              ('[sandbox]\nnetwork = true\n', "[sandbox] accepts only user")):
+            (tmp / "bad.toml").write_text(text)
+            with self.subTest(text=text), self.assertRaises(ConfigError) as caught:
+                load(tmp / "bad.toml", environ={})
+            self.assertIn(message, str(caught.exception))
+
 
 if __name__ == "__main__":
     unittest.main()
