@@ -34,17 +34,17 @@ Handled, and why:
   that would take the parameter variables past ENV_TOTAL_MAX bytes, and two keys
   that map to the same name both are. The script always gets every parameter on
   stdin.
-
-- The sandbox (sandbox.py builds it; SPEC 10): a skill and an MCP server run inside
-  bubblewrap, as an unprivileged user when iAs is root, seeing only the system's
-  read-only files, the Python, the helper, its own directory (read-only), a private
-  HOME (a tmpfs at the run directory's path, so the host's run directory stays empty)
-  and /tmp, and no network unless `## Sandbox` says `- network`. Its pid namespace ends
-  with the call: a process that left the group (`setsid`, a double fork) is killed by the
-  kernel when the script's first process exits, so nothing outlives the call. The group's
-  leader is then bwrap, which SIGTERM would kill at once (and the sandbox with it): SIGTERM
-  goes to the other members, so a script still gets its grace period; bwrap reports a
-  death by signal as 128+N, turned back into -N when the runner sent the signals.
+- The sandbox (sandbox.py builds the command line; SPEC 10): a skill and an MCP server
+  run inside bubblewrap, as an unprivileged user when iAs is root, seeing only the
+  system's read-only files, the Python, the helper, its own directory (read-only), a
+  private HOME (a tmpfs at the run directory's path, so the host's run directory stays
+  empty and is never written by another user) and /tmp, and no network unless `## Sandbox`
+  says `- network`. Its pid namespace ends with the call: a process that left the group
+  (`setsid`, a double fork) is killed by the kernel when the script's first process exits,
+  so nothing outlives the call. The group's leader is then bwrap, which SIGTERM would kill
+  at once (and the sandbox with it): SIGTERM goes to the other members, so a script still
+  gets its grace period; bwrap reports a death by signal as 128+N, turned back into -N
+  when the runner sent the signals. The level is probed once per process, in a thread.
 
 Not handled:
 - A `- unconfined` skill (High, approved call by call) and every skill on a host without
