@@ -41,7 +41,7 @@ SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Secrets under /etc: a file is covered with /dev/null, a directory with an empty tmpfs.
 ETC_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
                "/etc/security/opasswd", "/etc/ssl/private", "/etc/ias", "/etc/ssh/ssh_host_*_key",
-               "/etc/credstore", "/etc/credstore.encrypted", "/etc/machine-id")
+               "/etc/credstore", "/etc/credstore.encrypted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +182,7 @@ class Sandbox:
             if uid == 0:
                 return Level("none", f"[sandbox] user '{self.user}' is root")
         try:
-            done = subprocess.run(self.command(["true"], Policy(), directory="/", home=None), stdin=subprocess.DEVNULL,
+            done = subprocess.run(self.command(["true"], Policy(), directory="/usr", home=None), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=10, env={"PATH": "/usr/bin:/bin"})
         except (OSError, subprocess.SubprocessError) as exc:
             return Level("none", f"bwrap does not start: {exc}")
