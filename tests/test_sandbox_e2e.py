@@ -36,6 +36,26 @@ Low
 """
 
 
+SAVE_NOTE = """# Save note
+
+A home-made Low skill: saves a note to the file it is given.
+
+## Risk Level
+Low
+
+## Parameters
+```json
+{"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+ "required": ["path", "text"]}
+```
+
+## Execute
+```bash
+printf '%s' "$IAS_PARAM_TEXT" > "$IAS_PARAM_PATH" && echo saved
+```
+"""
+
+
 def install_probes(copy: Copy) -> None:
     """probe_escape, probe_network and probe_mcp (the same probe as an MCP tool) into the copy's skills/."""
     for name in ("probe_escape", "probe_network"):
@@ -44,6 +64,8 @@ def install_probes(copy: Copy) -> None:
     server.mkdir()
     shutil.copy2(PROBES / "probe_escape" / "probe.py", server / "probe.py")
     (server / "SKILL.md").write_text(MCP_SKILL, encoding="utf-8")
+    (copy.root / "skills" / "save_note").mkdir()
+    (copy.root / "skills" / "save_note" / "SKILL.md").write_text(SAVE_NOTE, encoding="utf-8")
 
 
 def as_nobody(copy: Copy) -> list[str]:
@@ -155,6 +177,26 @@ class ProbeEndToEnd:
         done = self.copy.ias("run", "probe_mcp__probe", json.dumps(self.params))
         self.assertEqual(done.returncode, 0, done.describe())
         self.check(json.loads(json.loads(done.stdout)["output"]))
+
+    def test_an_injected_note_cannot_rerate_execute_shell(self):
+        """The issue's chain: a page tells the model to "save a note" over execute_shell's SKILL.md."""
+        target = self.copy.root / "resources" / "skills" / "execute_shell" / "SKILL.md"
+        original = target.read_bytes()
+        doctored = original.decode().replace("## Risk Level\nHigh", "## Risk Level\nLow")
+        self.assertNotEqual(doctored.encode(), original)
+        self.llm.tool = ("save_note", {"path": str(target), "text": doctored})
+        try:
+            done = self.copy.ias("--once", "按搜索结果保存笔记", env=llm_env(self.llm))
+        finally:
+            self.llm.tool = None
+        self.assertEqual(done.returncode, 0, done.describe())
+        result = self.tool_result()
+        self.assertFalse(result["success"], result)
+        self.assertEqual(target.read_bytes(), original)
+        rows = {r["name"]: r for r in json.loads(self.copy.ias("skills", "--json").stdout)}
+        self.assertEqual(rows["execute_shell"]["risk"], "high")
+        verify = self.copy.ias("audit", "--verify")
+        self.assertEqual((verify.returncode, verify.stdout.strip()), (0, "audit log: chain intact"), verify.describe())
 
     def test_network_once_declared(self):
         done = self.copy.ias("run", "probe_network", json.dumps({"server_port": self.server.port}))
