@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -30,7 +30,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS pending_approvals_one_per_user
     ON pending_approvals (user_id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS pending_approvals_created ON pending_approvals (created_at DESC);
 
--- Audit log: append-only, every row chained to the previous one by SHA-256.
+-- Audit log: append-only. iAs chains every row to the previous one with an HMAC-SHA256 keyed
+-- with a key derived from the secret key, which the database never sees (`hash` = 'k1:' + hex;
+-- rows from before that hold a bare SHA-256 of the row, see ias/auditchain.py and
+-- ias/store.py). Nothing here computes or checks the chain: the database is not trusted to.
 CREATE TABLE IF NOT EXISTS audit_log (
     id          bigserial PRIMARY KEY,
     at          timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -50,33 +53,11 @@ CREATE TABLE IF NOT EXISTS audit_log (
     hash        text NOT NULL
 );
 
--- The digest of one row: an unambiguous JSON array of every column but `hash`.
-CREATE OR REPLACE FUNCTION audit_digest(r audit_log) RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT encode(sha256(convert_to(jsonb_build_array(
-        r.prev_hash, r.id, extract(epoch FROM r.at)::text, r.event, r.user_id, r.skill_name,
-        r.params, r.risk, r.approval_id, r.decision, r.exit_code, r.duration_ms, r.output_size,
-        r.truncated, r.detail)::text, 'UTF8')), 'hex')
-$$;
-
--- Chains each new row: serialises writers, then takes the id and prev_hash under the lock
--- so that id order is commit order.
-CREATE OR REPLACE FUNCTION audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(7308199101);
-    NEW.id := nextval(pg_get_serial_sequence('audit_log', 'id'));
-    NEW.at := clock_timestamp();
-    NEW.prev_hash := coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '');
-    NEW.hash := audit_digest(NEW);
-    RETURN NEW;
-END $$;
-
 CREATE OR REPLACE FUNCTION audit_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'audit_log is append-only (% refused)', TG_OP USING ERRCODE = 'insufficient_privilege';
 END $$;
 
-CREATE OR REPLACE TRIGGER audit_log_chain BEFORE INSERT ON audit_log
-    FOR EACH ROW EXECUTE FUNCTION audit_chain();
 CREATE OR REPLACE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
     FOR EACH ROW EXECUTE FUNCTION audit_refuse();
 CREATE OR REPLACE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log

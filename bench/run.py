@@ -82,18 +82,20 @@ async def _bench_app(fixture: str):
     yields (app, data directory); everything removed afterwards."""
     from tests.support import drop_schema, fresh_schema_dsn
     from ias.app import build
+    from ias.auditchain import AuditChain
     from ias.config import Config
     from ias.store import Store
 
     dsn, schema_name = await asyncio.to_thread(fresh_schema_dsn)
-    store = await Store.open(dsn)
     tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
     skills = Path(tempfile.mkdtemp(prefix="ias-bench-skills-")) / fixture
     shutil.copytree(REPO / "tests" / "fixtures" / fixture, skills)     # links made files: a sandbox sees its dir only
+    config = Config(data_dir=tmp, system_skills_dir=None, skills_dir=skills,
+                    approval_timeout=60, environ={"PATH": os.environ.get("PATH", "")})
+    key = os.urandom(32)
+    store = await Store.open(dsn, chain=AuditChain.derive(key, config.audit_head))
     try:
-        app = build(Config(data_dir=tmp, system_skills_dir=None, skills_dir=skills,
-                           approval_timeout=60, environ={"PATH": os.environ.get("PATH", "")}),
-                    store, key=os.urandom(32))
+        app = build(config, store, key=key)
         try:
             yield app, tmp
         finally:
@@ -368,6 +370,7 @@ def bench_scale() -> None:
     from tests.servers.llm import LLMServer, text
     from tests.support import drop_schema, fresh_schema_dsn
     from ias.app import build
+    from ias.auditchain import AuditChain
     from ias.config import Config
     from ias.llm import LLM
     from ias.store import Store
@@ -379,11 +382,12 @@ def bench_scale() -> None:
         labelled = skillset.requests()
 
         async def turns() -> list[bytes]:
-            store = await Store.open(dsn)
+            config = Config(data_dir=tmp / "data", skills_dir=tmp / "skills", environ={})
+            config.data_dir.mkdir()
+            store = await Store.open(dsn, chain=AuditChain.derive(b"k" * 32, config.audit_head))
             with LLMServer([text("好的。")], repeat_last=True, max_tools=128) as server:
                 llm = LLM("sk-test", server.base_url, "test-model", retry_delays=(0.01,))
                 try:
-                    config = Config(data_dir=tmp / "data", skills_dir=tmp / "skills", environ={})
                     app = build(config, store, key=b"k" * 32, llm=llm)
                     for i, (message, _) in enumerate(labelled):
                         await app.agent.turn(f"user{i}", message, None)     # a fresh conversation each

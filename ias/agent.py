@@ -6,7 +6,10 @@ names is offered from the next model call of the same turn. The registry is relo
 scan) before each turn, so an added or fixed skill is used without a restart.
 
 Tool calls go through the gate, so the model sees results and the fixed refusal strings, never
-the approval itself. History is stored per user; a bounded window is sent back each turn.
+the approval itself. At most TOOL_CALLS_MAX calls of one model response run; the rest are
+answered as refused, and the history keeps the model's calls only within those bounds
+(`results.calls_for_history`), so nothing the model sends grows later requests without limit.
+History is stored per user; a bounded window is sent back each turn.
 Not handled: streaming replies, images, summarising history that falls out of the window.
 """
 from __future__ import annotations
@@ -19,10 +22,10 @@ from typing import Callable
 from . import results
 from .approval import Notify, TurnBudget
 from .gate import Gate
-from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX
+from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX
 from .ranker import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
 from .registry import Registry
-from .store import Store
+from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +119,19 @@ class Agent:
                 messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
                 tools = self.catalog.select(query, [*keep, *recent])
                 answer = await self.llm.complete(messages, tools)
-                new.append(answer.message())
+                new.append(results.calls_for_history(answer.message()))
                 if not answer.tool_calls:
                     reply = answer.content or ""
                     break
-                for call in answer.tool_calls:
+                excess = answer.tool_calls[TOOL_CALLS_MAX:]
+                if excess:
+                    await self._refuse(user_id, excess)
+                for call in answer.tool_calls[:TOOL_CALLS_MAX]:
                     result = await self.gate.call(user_id, call.name, call.arguments, notify, turn)
                     keep[:0] = [*_found(self.registry.get(call.name), result), call.name]
-                    content = results.for_history(result)
-                    new.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                    new.append({"role": "tool", "tool_call_id": call.id, "content": results.for_history(result)})
+                new.extend({"role": "tool", "tool_call_id": call.id,     # every call answered: the API wants it
+                            "content": results.for_history(results.too_many_calls(call.name))} for call in excess)
             else:
                 new.append({"role": "assistant", "content": reply})
         except LLMError as exc:
@@ -133,6 +140,13 @@ class Agent:
             new.append({"role": "assistant", "content": reply})
         await self.store.append_messages(user_id, new)
         return reply
+
+    async def _refuse(self, user_id: str, calls) -> None:
+        """Calls past the first TOOL_CALLS_MAX of one model response are not run: one audit row for them all."""
+        names = ", ".join(dict.fromkeys(results.shown_name(c.name) for c in calls))
+        await self.store.audit(AuditEntry(
+            "skill_refused", user_id=user_id, decision="too_many_calls",
+            detail=f"{len(calls)} tool calls past the first {TOOL_CALLS_MAX} of one model response: {names}"[:2000]))
 
 
 def _used(history: list[dict]) -> list[str]:

@@ -9,12 +9,14 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 
 from . import ilink, sandbox, systemd
 from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
+from .auditchain import AuditChain
 from .builtins import Builtins
+from .changes import ADDED, LOWERED, MODIFIED, Change
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
 from .channels.wechat import WeChatChannel
@@ -47,12 +49,13 @@ log = logging.getLogger(__name__)
 async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
     """The configured database, or the embedded cluster (started if needed; stopped after only if no other
     iAs process uses it)."""
+    chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.data_dir / "pg")
         dsn = cluster.start()
     try:
-        store = await Store.open(dsn)
+        store = await Store.open(dsn, chain=chain)
         try:
             yield store
         finally:
@@ -107,7 +110,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
-    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade)
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now)
     router = outbox = None
@@ -292,7 +295,8 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
-            supervisor.spawn(watch_skills(c.registry, console, user), "skills watcher")
+            supervisor.spawn(watch_skills(c.registry, console, user,
+                                          tell=lambda text: c.outbox.send(user, text, kind="notice")), "skills watcher")
             systemd.notify("READY=1\nSTATUS=serving")
             level = c.runner.sandbox.level()
             log.info("iAs is running (pid %d; channels: %s; sandbox: %s)", os.getpid(), ", ".join(channels),
@@ -324,15 +328,39 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     return 1 if supervisor.failed.is_set() else 0
 
 
+CHANGE_NOTES = {ADDED: "新增", LOWERED: "风险 High→Low 待重启生效", MODIFIED: "已修改"}
+
+
+def change_note(change: Change) -> str:
+    """The owner's message for one skill change (SPEC §5)."""
+    return f"技能变更：{change.name}（{CHANGE_NOTES[change.kind]}）"
+
+
 async def watch_skills(registry: Registry, console: Channel, user: str,
-                       interval: float = SKILLS_SCAN_INTERVAL) -> None:
+                       interval: float = SKILLS_SCAN_INTERVAL, *,
+                       tell: Callable[[str], Awaitable[object]] | None = None) -> None:
     """Hot reload: a stat scan every `interval` s (the agent also scans before each turn); a skill
-    edit that does not load is told to the owner once, on the console (its last good version stays)."""
+    edit that does not load is told to the owner once, on the console (its last good version stays).
+    Every skill added or changed (by a reload or a server's new tool list) is told once through `tell`
+    (the outbox, to the primary channel), else on the console; one that cannot be queued now is tried
+    again at the next scan."""
+    tell = tell or (lambda text: console.send(user, text))
+    changes: list[Change] = []
     while True:
         if registry.reload():
             log.info("skills reloaded: %d loaded", len(registry))
         for line in registry.take_new_problems():
             await console.send(user, f"技能未能加载，沿用上一个可用版本（如有）：{line}")
+        changes.extend(registry.take_changes())
+        while changes:
+            note = change_note(changes[0])
+            try:
+                await tell(note)
+            except StoreError as exc:
+                log.warning("skill change not told yet (%s): %s", exc, note)
+                break
+            log.info("skill change told to the owner: %s", note)
+            changes.pop(0)
         await asyncio.sleep(interval)
 
 

@@ -1,11 +1,15 @@
 """The approval gate's heart: confirmation codes, their HMAC, the owner's message and replies.
 
 A High-risk call creates one `pending_approvals` row, sends the owner a message rendered from
-that row (the only place the code ever appears) and waits, event-driven, until the owner's
-reply or the timeout settles it. Every transition is one compare-and-set UPDATE in the store,
-committed with its audit row, so a code works at most once even with concurrent replies. The
-store gets finished values: the HMAC over the params as the row will hold them
-(`Store.normalised`), and each transition's audit row.
+the daemon's own copy of that row (the only place the code ever appears) and waits,
+event-driven, until the owner's reply or the timeout settles it. Every transition is one
+compare-and-set UPDATE in the store, committed with its audit row and bound to the row still
+being that copy (user, skill, params, HMAC), so a code works at most once even with concurrent
+replies, and what runs is the copy the owner saw: a database writer who approves, edits or
+deletes the row gets a `tampered` ending, never a run. The store gets finished values: the HMAC
+over the params as the row will hold them (`Store.normalised`), and each transition's audit row.
+The message shows characters by an allow-list (`escape_visible`) and labels only what the
+skill's schema declares.
 A call is not asked at all when its message would not fit one WeChat message, or when the
 owner's message that led to it already asked APPROVALS_PER_TURN approvals (`TurnBudget`).
 Not handled: approving from a different user or channel than the one the call came from.
@@ -22,13 +26,13 @@ import re
 import secrets
 import unicodedata
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable
 
 from .audit import redact
 from .errors import ConfigError, StoreError
-from .limits import APPROVALS_PER_TURN, MARKS_RUN_MAX, SPACES_RUN_MAX, WECHAT_TEXT_MAX
+from .limits import APPROVALS_PER_TURN, SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from .locks import UserLocks
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
@@ -99,70 +103,70 @@ def code_hash(key: bytes, approval_id: uuid.UUID, user_id: str, skill_name: str,
     return f"{HASH_VERSION}:" + hmac.new(key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-# Characters that draw nothing (or nothing distinctive) beyond categories Cc/Cf/Zs/Zl/Zp/Co/Cs/Cn:
-# Hangul fillers, the braille blank, the ideographic half fill space, invisible combining marks
-# (grapheme joiner, Khmer inherent vowels, Mongolian and other variation selectors).
-BLANK_LOOKING = frozenset(
-    [0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x303F, 0x3164, 0xFFA0]
-    + list(range(0x180B, 0x1810)) + list(range(0xFE00, 0xFE10)) + list(range(0xE0100, 0xE01F0)))
-INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs", "Cn"})
-MARKS = frozenset({"Mn", "Me", "Mc"})
-_ESCAPE_LIKE = re.compile(r"\\(?:[\\ntr]|u[0-9a-f]{4}|U[0-9a-f]{8})")
+# SPEC §6.4's allow-list: the characters the owner's message shows as they are. Every other one
+# is shown as an escape, `\u{0430}`, and marks its line. Beyond printable ASCII and the CJK
+# ideographs (unified, every extension, compatibility; assigned ones only, by their names), only
+# the punctuation of Chinese text: CJK brackets and marks, the fullwidth forms of ASCII
+# punctuation, the yen/yuan sign, curly quotes, ellipsis, em dash and middle dot. Left out on
+# purpose: the ideographic and half fill spaces, tone marks (combining), Hangzhou numerals (〡
+# reads as |), Kangxi and supplementary radicals (drawn like ideographs), fullwidth letters and
+# digits (look-alikes of ASCII), the fullwidth backslash (it would draw an escape), halfwidth
+# forms, the en dash (reads as a hyphen).
+PUNCTUATION = frozenset(
+    "、。〃々〆〇〈〉《》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟"
+    "！＂＃＄％＆＇（）＊＋，－．／：；＜＝＞？＠［］＾＿｀｛｜｝～￥"
+    "“”‘’…—·")
+IDEOGRAPH_NAMES = ("CJK UNIFIED IDEOGRAPH-", "CJK COMPATIBILITY IDEOGRAPH-")
 SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+SPECIAL_MARK = " ⚠️含特殊字符"        # ends a parameter line whose label or value shows an escape
+
+
+def _allowed(char: str) -> bool:
+    code = ord(char)
+    if 0x20 <= code < 0x7F:
+        return True
+    return char in PUNCTUATION or (code >= 0x3400 and unicodedata.name(char, "").startswith(IDEOGRAPH_NAMES))
 
 
 def _code_point(char: str) -> str:
-    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+    return f"\\u{{{ord(char):04x}}}"
 
 
-def _invisible(char: str) -> bool:
-    if char == " ":
-        return False
-    return ord(char) in BLANK_LOOKING or unicodedata.category(char) in INVISIBLE_CATEGORIES
+def escape_visible(text: str) -> tuple[str, bool]:
+    """`text` as the owner's message shows it, and whether any character had to be escaped.
 
-
-def escape_visible(text: str) -> str:
-    """Show every character that could hide or disguise something as an escape (`\\n`, `\\u3000`).
-
-    Escaped: control, format (bidi, zero-width, tags), separators and every space but a plain
-    one, private-use, surrogates, unassigned, blank-looking letters and symbols, combining marks
-    without a visible base or in runs longer than MARKS_RUN_MAX, and runs of plain spaces
-    longer than SPACES_RUN_MAX. A backslash that would read as one of these escapes is doubled.
+    Shown as is: the allow-list above, and plain spaces except at either end or in runs longer
+    than SPACES_RUN_MAX (padding). Every other character is an escape: `\\n`, `\\t`, `\\r`,
+    else `\\u{hex}`. A backslash is doubled where it would otherwise read as the start of an
+    escape (before n, t, r, u or another backslash), so a value cannot draw an escape it lacks
+    and the shown text reads back to exactly one text.
     """
-    out: list[str] = []
+    pieces: list[str] = []
+    special = False
     i, n = 0, len(text)
-    based = False           # the previous character shown was a visible base for combining marks
     while i < n:
         char = text[i]
         if char == " ":
             j = i
             while j < n and text[j] == " ":
                 j += 1
-            out.append(" " * (j - i) if j - i <= SPACES_RUN_MAX else "\\u0020" * (j - i))
-            i, based = j, False
+            if i == 0 or j == n or j - i > SPACES_RUN_MAX:
+                pieces += [_code_point(" ")] * (j - i)
+                special = True
+            else:
+                pieces.append(" " * (j - i))
+            i = j
             continue
-        if unicodedata.category(char) in MARKS and ord(char) not in BLANK_LOOKING:
-            j = i
-            while j < n and unicodedata.category(text[j]) in MARKS and ord(text[j]) not in BLANK_LOOKING:
-                j += 1
-            run = text[i:j]
-            out.append(run if based and len(run) <= MARKS_RUN_MAX else "".join(map(_code_point, run)))
-            i, based = j, False
-            continue
-        if char in SHORT_ESCAPES:
-            out.append(SHORT_ESCAPES[char])
-            based = False
-        elif _invisible(char):
-            out.append(_code_point(char))
-            based = False
-        elif char == "\\" and _ESCAPE_LIKE.match(text, i):
-            out.append("\\\\")
-            based = False
+        if _allowed(char):
+            pieces.append(char)
         else:
-            out.append(char)
-            based = True
+            pieces.append(SHORT_ESCAPES.get(char) or _code_point(char))
+            special = True
         i += 1
-    return "".join(out)
+    for k in range(len(pieces) - 2, -1, -1):          # from the end: a doubled one counts for the next
+        if pieces[k] == "\\" and pieces[k + 1][0] in "\\ntru":
+            pieces[k] = "\\\\"
+    return "".join(pieces), special
 
 
 def _minutes(timeout: float) -> str:
@@ -174,40 +178,47 @@ HEADER = "⚠️ 操作确认"
 OWN_WORDS = ("操作确认", "技能", "参数", "确认码", "回复", "取消", "有效", "尝试")
 
 
-def _label(key: str, spec: object) -> str:
-    """A parameter's label for people: the property's `title`, else its key; quoted if it echoes the message."""
+UNDECLARED = "未声明参数 "          # before the key of a parameter the schema's `properties` does not declare
+
+
+def _label(key: str, spec: object) -> tuple[str, bool]:
+    """A declared parameter's label for people: its `title`, else its key; quoted if it echoes the
+    message. Also whether it shows an escape."""
     title = spec.get("title") if isinstance(spec, dict) else None
     label = title.strip() if isinstance(title, str) and title.strip() else key
-    label = escape_visible(label[:WECHAT_TEXT_MAX + 1])       # cut: see render()
+    label, special = escape_visible(label[:WECHAT_TEXT_MAX + 1])       # cut: see _line()
     if any(word in unicodedata.normalize("NFKC", label) for word in OWN_WORDS):
-        return f"「{label}」"
-    return label
+        label = f"「{label}」"
+    return label, special
 
 
-def _ordered(params: dict, parameters: dict | None) -> list[str]:
-    """Keys in the schema's property order (as the SKILL.md author wrote them), then the rest sorted."""
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    known = [k for k in properties if k in params] if isinstance(properties, dict) else []
-    return known + sorted(k for k in params if k not in known)
+def _line(label: str, special: bool, value: object) -> str:
+    """One parameter line: always "· ", never a raw line break; marked when it shows an escape."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    # Escaping never shortens, so a value cut past one message's length still cannot fit:
+    # the cut only keeps a 10 MB argument from costing seconds before it is refused.
+    shown, escaped = escape_visible(text[:WECHAT_TEXT_MAX + 1])
+    return f"· {label}：{shown}{SPECIAL_MARK if special or escaped else ''}"
 
 
 def render(row: Approval, code: str, timeout: float, parameters: dict | None = None) -> str:
-    """The owner's confirmation message (SPEC §6.4), from the stored row (never from model text).
+    """The owner's confirmation message (SPEC §6.4), from the daemon's copy of the row (never model text).
 
-    `parameters` is the skill's schema, for labels and order. Every parameter line starts with
-    "· " and has no raw line break or invisible character, so no parameter can pose as a line of
-    the message itself. The result may be longer than one WeChat message; such a message is
-    never sent (`fits`), and only then may a value be cut short.
+    `parameters` is the skill's schema: its `properties` give labels and order. A parameter it
+    does not declare comes after the declared ones as `未声明参数 KEY`, so the model never
+    chooses a label. Every parameter line starts with "· " and shows only allow-listed
+    characters (the rest escaped, the line marked), so no parameter can pose as a line of the
+    message itself or hide what it holds. The result may be longer than one WeChat message;
+    such a message is never sent (`fits`), and only then may a value be cut short.
     """
     properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    lines = [HEADER, "", f"技能：{escape_visible(row.skill_name)}", "参数："]
-    for key in _ordered(row.params, parameters):
-        value = row.params[key]
-        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-        spec = properties.get(key) if isinstance(properties, dict) else None
-        # Escaping never shortens, so a value cut past one message's length still cannot fit:
-        # the cut only keeps a 10 MB argument from costing seconds before it is refused.
-        lines.append(f"· {_label(str(key), spec)}：{escape_visible(shown[:WECHAT_TEXT_MAX + 1])}")
+    declared = [k for k in properties if k in row.params] if isinstance(properties, dict) else []
+    lines = [HEADER, "", f"技能：{escape_visible(row.skill_name)[0]}", "参数："]
+    for key in declared:
+        lines.append(_line(*_label(str(key), properties[key]), row.params[key]))
+    for key in sorted(k for k in row.params if k not in declared):
+        shown, special = escape_visible(str(key)[:WECHAT_TEXT_MAX + 1])
+        lines.append(_line(UNDECLARED + shown, special, row.params[key]))
     if not row.params:
         lines.append("（无）")
     lines += ["", f"确认码：{code}", "回复确认码以继续", "回复 0 或「取消」以取消",
@@ -232,8 +243,9 @@ def parse_reply(text: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How an approval ended: status approved|rejected|expired, or too_long|too_many when it was
-    never asked; and the row (params to run)."""
+    """How an approval ended: status approved|rejected|expired|tampered, or too_long|too_many when
+    it was never asked; and for approved, the daemon's copy of the row, whose params are what
+    the owner was shown and what runs."""
     status: str
     approval: Approval | None
 
@@ -248,13 +260,34 @@ class TurnBudget:
 
 @dataclass(slots=True)
 class _Waiter:
-    approval: Approval
+    approval: Approval          # the daemon's copy of the row, as rendered to the owner
     skill: Skill
     done: asyncio.Future
+    lock: asyncio.Lock          # one transition at a time, so a settled outcome is never second-guessed
+
+
+def _tampering(row: Approval | None, bound: Approval) -> str | None:
+    """What another writer changed in the row against the daemon's copy `bound`; None if nothing."""
+    if row is None:
+        return "row deleted"
+    changed = [name for name in ("id", "user_id", "skill_name", "code_hash")
+               if getattr(row, name) != getattr(bound, name)]
+    if canonical(row.params) != canonical(bound.params):
+        changed.append("params")
+    return f"{', '.join(changed)} changed" if changed else None
+
+
+TAMPERED = "待确认的操作在数据库中被改动，未执行：{name}"
 
 
 class Approvals:
-    """Pending approvals of this process: one at a time per user, settled by replies or timeout."""
+    """Pending approvals of this process: one at a time per user, settled by replies or timeout.
+
+    Only the code approves. The daemon keeps its own copy of each pending row, the one it
+    rendered; what runs is that copy's params, and every transition is bound to the row still
+    holding them (and the HMAC). A row another writer changed, approved or deleted never runs:
+    the approval ends `tampered` (the model hears it was not confirmed), whatever ends it.
+    """
 
     def __init__(self, store: Store, key: bytes, timeout: float):
         self.store = store
@@ -300,18 +333,23 @@ class Approvals:
         try:
             # Hashed over the params as stored (jsonb rewrites numbers), which verification reads back.
             stored = await self.store.normalised(params)
+            hashed = code_hash(self.key, approval_id, user_id, skill.name, stored, code)
             row = await self.store.create_approval(
-                approval_id, user_id, skill.name, stored, self.timeout,
-                code_hash(self.key, approval_id, user_id, skill.name, stored, code),
+                approval_id, user_id, skill.name, stored, self.timeout, hashed,
                 AuditEntry("approval_requested", user_id=user_id, skill_name=skill.name, params=redact(params),
                            risk=skill.risk, approval_id=approval_id, decision="pending"))
         except StoreError as exc:          # e.g. another process holds this user's pending approval
             log.warning("approval for %s not created: %s; the call is denied", skill.name, exc)
             return Outcome("expired", None)
-        waiter = _Waiter(row, skill, asyncio.get_running_loop().create_future())
+        # The daemon's copy: what it hashed and renders, whatever the INSERT returned (a trigger may rewrite it).
+        bound = Approval(approval_id, row and row.created_at, row and row.expires_at, user_id, skill.name, stored,
+                         hashed, MAX_ATTEMPTS, "pending", None, None)
+        waiter = _Waiter(bound, skill, asyncio.get_running_loop().create_future(), asyncio.Lock())
         self._waiting[user_id] = waiter
         try:
-            message = render(row, code, self.timeout, skill.parameters)
+            if _tampering(row, bound) is not None:
+                return await self._tampered(waiter, row)
+            message = render(bound, code, self.timeout, skill.parameters)
             if not fits(message):       # only if the stored row reads longer than the call (jsonb numbers)
                 await self._close(waiter, "expired", "too_long")
                 return Outcome("too_long", None)
@@ -324,9 +362,8 @@ class Approvals:
             if not delivered:
                 log.warning("approval %s for %s could not be delivered; ending it as expired", approval_id, skill.name)
                 return await self._close(waiter, "expired", "delivery_failed")
-            remaining = max(0.0, (row.expires_at - row.created_at).total_seconds())
             try:
-                return await asyncio.wait_for(asyncio.shield(waiter.done), remaining)
+                return await asyncio.wait_for(asyncio.shield(waiter.done), self.timeout)
             except asyncio.TimeoutError:
                 held_back = isinstance(delivered, asyncio.Event) and not delivered.is_set()
                 return await self._close(waiter, "expired", "delivery_failed" if held_back else "timeout")
@@ -336,21 +373,58 @@ class Approvals:
             if not waiter.done.done():
                 waiter.done.cancel()
 
-    async def _close(self, waiter: _Waiter, status: str, detail: str) -> Outcome:
-        """End a pending approval (rejected/expired); if a reply settled it first, report that instead."""
-        row = await self.store.close_approval(
-            waiter.approval.id, status, self._entry(waiter.approval, status, waiter.skill.risk, detail))
-        if row is None:
-            if waiter.done.done() and not waiter.done.cancelled():
-                return waiter.done.result()
-            row = await self.store.approval(waiter.approval.id)
-            status = row.status if row else "expired"
-            if status == "pending":
-                status = "expired"
-        outcome = Outcome(status, row)
+    @staticmethod
+    def _settle(waiter: _Waiter, outcome: Outcome) -> Outcome:
         if not waiter.done.done():
             waiter.done.set_result(outcome)
         return outcome
+
+    @staticmethod
+    def _settled(waiter: _Waiter) -> Outcome | None:
+        """How the approval ended, if it did; a wait given up (its turn cancelled) counts as expired."""
+        if not waiter.done.done():
+            return None
+        return Outcome("expired", None) if waiter.done.cancelled() else waiter.done.result()
+
+    async def _close(self, waiter: _Waiter, status: str, detail: str) -> Outcome:
+        """End a pending approval (rejected/expired); if a reply settled it first, report that instead."""
+        async with waiter.lock:
+            if (settled := self._settled(waiter)) is not None:
+                return settled
+            bound = waiter.approval
+            row = await self.store.close_approval(bound.id, status, self._entry(bound, status, waiter.skill.risk, detail),
+                                                  bound)
+            if row is not None:
+                return self._settle(waiter, Outcome(status, None))
+            return await self._unmatched(waiter)
+
+    async def _unmatched(self, waiter: _Waiter) -> Outcome:
+        """A transition matched no row: it ended elsewhere, ran out of time, or another writer changed it.
+
+        Called under the waiter's lock, before this process settled the approval, so a row that
+        says `approved` was approved by someone else.
+        """
+        bound = waiter.approval
+        row = await self.store.approval(bound.id)
+        if row is not None and _tampering(row, bound) is None:
+            if row.status in ("rejected", "expired"):           # e.g. another daemon's start expired it
+                return self._settle(waiter, Outcome(row.status, None))
+            if row.status == "pending":                          # a reply just past expires_at
+                closed = await self.store.close_approval(
+                    bound.id, "expired", self._entry(bound, "expired", waiter.skill.risk, "timeout"), bound)
+                if closed is not None:
+                    return self._settle(waiter, Outcome("expired", None))
+                row = await self.store.approval(bound.id)
+        return await self._tampered(waiter, row)
+
+    async def _tampered(self, waiter: _Waiter, row: Approval | None) -> Outcome:
+        """Another writer changed, approved or deleted the row: end it, audit `tampered`, run nothing."""
+        bound = waiter.approval
+        reason = _tampering(row, bound) or f"status {row.status} set by another writer"
+        log.error("approval %s for %s: the stored row was tampered with (%s); nothing runs", bound.id,
+                  bound.skill_name, reason)
+        await self.store.close_tampered(bound.id, self._entry(bound, "tampered", waiter.skill.risk, reason))
+        return self._settle(waiter, Outcome("tampered", None))
 
     async def redeem(self, user_id: str, text: str) -> str | None:
         """Handle the owner's reply to their pending approval; returns the text to answer, None if not waiting."""
@@ -361,38 +435,44 @@ class Approvals:
         kind = parse_reply(text)
         if kind is None:
             return f"有一个操作正在等待确认（{name}）：请回复 6 位确认码，或回复 0 或「取消」取消。"
-        ended = f"该操作已结束：{name}"
         if kind == "cancel":
             outcome = await self._close(waiter, "rejected", "cancel")
-            return f"已取消：{name}" if outcome.status == "rejected" else ended
-        code = unicodedata.normalize("NFKC", text).strip()
-        try:
-            row = await self.store.approval(waiter.approval.id)
-        except StoreError:
-            log.exception("approval %s: cannot read the row; denying", waiter.approval.id)
-            return "暂时无法验证确认码，请稍后再试。"
-        if row is None or row.status != "pending":
-            return ended
-        expected = code_hash(self.key, row.id, row.user_id, row.skill_name, row.params, code)
-        if row.user_id == user_id and hmac.compare_digest(expected, row.code_hash):
-            won = await self.store.approve(row.id, user_id, self._entry(row, "approved", waiter.skill.risk))
+            return f"已取消：{name}" if outcome.status == "rejected" else self._ended(outcome, name)
+        async with waiter.lock:
+            if (settled := self._settled(waiter)) is not None:
+                return self._ended(settled, name)
+            return await self._try_code(waiter, unicodedata.normalize("NFKC", text).strip())
+
+    async def _try_code(self, waiter: _Waiter, code: str) -> str:
+        """One code attempt against the daemon's copy, under the waiter's lock; the text to answer."""
+        bound, name, risk = waiter.approval, waiter.skill.name, waiter.skill.risk
+        attempt = code_hash(self.key, bound.id, bound.user_id, bound.skill_name, bound.params, code)
+        if hmac.compare_digest(attempt, bound.code_hash):
+            won = await self.store.approve(bound, attempt, self._entry(bound, "approved", risk))
             if won is None:
-                return ended
-            if not waiter.done.done():
-                waiter.done.set_result(Outcome("approved", won))
+                return self._ended(await self._unmatched(waiter), name)
+            if _tampering(won, bound) is not None:           # the approving UPDATE returned another row
+                return self._ended(await self._tampered(waiter, won), name)
+            self._settle(waiter, Outcome("approved", replace(bound, status="approved")))
             return f"已确认，正在执行：{name}"
-        spent = await self.store.spend_attempt(row.id, user_id,
-                                               self._entry(row, "wrong_code", waiter.skill.risk, "wrong code"))
-        if spent is None:
-            return ended
+        spent = await self.store.spend_attempt(bound, self._entry(bound, "wrong_code", risk, "wrong code"))
+        if spent is None or _tampering(spent, bound) is not None:
+            outcome = await (self._unmatched(waiter) if spent is None else self._tampered(waiter, spent))
+            return self._ended(outcome, name)
         if spent.status == "rejected":
-            if not waiter.done.done():
-                waiter.done.set_result(Outcome("rejected", spent))
+            self._settle(waiter, Outcome("rejected", None))
             return f"确认码错误，操作已取消：{name}"
         return f"确认码错误，还剩 {spent.attempts_left} 次"
 
+    @staticmethod
+    def _ended(outcome: Outcome, name: str) -> str:
+        return TAMPERED.format(name=name) if outcome.status == "tampered" else f"该操作已结束：{name}"
+
     async def expire_leftovers(self) -> list[Approval]:
-        """At start: every pending row belongs to a process that is gone; expire it (reason restart)."""
+        """At start: every pending row belongs to a process that is gone; expire it (reason restart).
+
+        Nothing is ever run here: a row some other writer set to approved is left as it is.
+        """
         expired = []
         for row in await self.store.approvals(limit=None):
             closed = await self.store.close_approval(row.id, "expired", self._entry(row, "expired", None, "restart"))

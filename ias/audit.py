@@ -1,42 +1,187 @@
-"""The audit log's rules: what gets redacted, and how the hash chain is checked.
+"""The audit log's rules: what gets redacted, and how the keyed chain is checked.
 
-Rows are written by the store (in the same transaction as the state change they record);
-the chain itself is computed by a database trigger so that every writer is covered.
-Not handled: a deleted *last* row leaves no gap in the chain; compare row counts with a
-copy kept elsewhere if that matters.
+Rows are written by the store, in the same transaction as the state change they record, each
+sealed with an HMAC chained over the previous row's value (auditchain.py); the database only
+stores the values. `verify` recomputes every one in Python with the key, and compares the
+newest rows with the head kept outside the database, so an edited, deleted, re-chained or
+truncated log is found whoever wrote it. Rows from before the keyed chain are checked by
+their old rule (a SHA-256 the verifying query computes with built-ins) and counted as unkeyed:
+they prove less, since anyone could have computed them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
-from .store import AuditRow, Store
+from .auditchain import AuditChain, Head, HeadError, is_keyed, read_head, reset, seal
+from .errors import StoreError
+from .limits import AUDIT_KEY_MAX, AUDIT_VALUE_MAX
+from .store import AuditRow, ChainRow, Store
 
 SECRET_KEY_RE = re.compile(r"pass|secret|token|key|cookie|auth", re.IGNORECASE)
 REDACTED = "***"
+PROBLEMS_KEPT = 50           # problem lines `verify` keeps (the count goes on): memory stays flat
 
 
 def redact(value: Any) -> Any:
+    """Call parameters as the audit log keeps them: secret-looking keys' values replaced at any depth,
+    then each parameter value and name bounded (`bounded`), so no call grows the log by much."""
+    hidden = _hide(value)
+    if not isinstance(hidden, dict):
+        return bounded(hidden)
+    return {bounded(k, AUDIT_KEY_MAX) if isinstance(k, str) else k: bounded(v) for k, v in hidden.items()}
+
+
+def bounded(value: Any, limit: int = AUDIT_VALUE_MAX) -> Any:
+    """`value` when it takes at most `limit` bytes, else one string of at most `limit` bytes:
+    `<first bytes>…[truncated, sha256=<hex>, <N> bytes]`.
+
+    A string is measured and hashed as its UTF-8; any other value (an object, an array, nested at
+    any depth) as its compact JSON text (`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`),
+    taken after redaction, so the hash never covers a secret. N is the full size in bytes.
+    """
+    if isinstance(value, str):
+        if len(value) * 4 <= limit:             # at most 4 bytes a character: surely short enough
+            return value
+        data = value.encode("utf-8", "surrogatepass")
+    elif value is None or isinstance(value, (bool, int, float)):
+        return value                            # numbers are at most JSON_NUMBER_MAX digits when parsed
+    else:
+        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return value
+    tail = f"…[truncated, sha256={hashlib.sha256(data).hexdigest()}, {len(data)} bytes]"
+    return data[:max(0, limit - len(tail.encode()))].decode("utf-8", "ignore") + tail
+
+
+def _hide(value: Any) -> Any:
     """A copy of `value` with the values of secret-looking keys replaced, at any depth."""
     if isinstance(value, dict):
-        return {k: REDACTED if SECRET_KEY_RE.search(str(k)) else redact(v) for k, v in value.items()}
+        return {k: REDACTED if SECRET_KEY_RE.search(str(k)) else _hide(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v) for v in value]
+        return [_hide(v) for v in value]
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What `verify` found: rows read, those before the keyed chain, and the problems (the first
+    PROBLEMS_KEPT of `broken`)."""
+    rows: int
+    unkeyed: int
+    problems: tuple[str, ...]
+    broken: int
+
+    @property
+    def intact(self) -> bool:
+        return self.broken == 0
+
+    def summary(self) -> str:
+        if not self.intact:
+            more = self.broken - len(self.problems)
+            return f"audit log: chain broken ({self.broken} problems{f', {more} not shown' if more else ''})"
+        unkeyed = f"; {self.unkeyed} rows before the keyed chain (unkeyed)" if self.unkeyed else ""
+        return f"audit log: chain intact ({self.rows} rows{unkeyed})"
+
+
 async def verify(store: Store) -> list[str]:
-    """Problems with the chain: an edited row (digest mismatch) or a removed one (broken link)."""
-    problems = []
-    previous = ""
-    for row_id, prev_hash, stored, digest in await store.audit_digests():
-        if prev_hash != previous:
-            problems.append(f"row {row_id}: chain broken (previous row removed or altered)")
-        if stored != digest:
-            problems.append(f"row {row_id}: contents do not match its hash (row altered)")
-        previous = stored
-    return problems
+    """The chain's problems (the first PROBLEMS_KEPT); empty when it is intact."""
+    return list((await check(store)).problems)
+
+
+async def check(store: Store) -> Verdict:
+    """Check every row's value and link, and the head kept outside the database, in one pass.
+
+    The head is read before the rows' snapshot is taken: it is written after its row commits,
+    so a row a running daemon appends meanwhile can never look like a removed one.
+    """
+    chain = _chain(store)
+    try:
+        walk = _Walk(chain, read_head(chain.head), expect_head=True)
+    except HeadError as exc:
+        walk = _Walk(chain, None, expect_head=False)
+        walk.found(str(exc))
+    return await walk.along(store)
+
+
+async def anchor(store: Store) -> Verdict:
+    """After a restore: check the log without the head on file, and if it is intact make its
+    newest row the head (no head at all when no row is keyed); the log as it is becomes the
+    reference for truncation."""
+    chain = _chain(store)
+    walk = _Walk(chain, None, expect_head=False)
+    verdict = await walk.along(store)
+    if verdict.intact:
+        reset(chain.head, Head(walk.last_id, walk.previous) if walk.keyed else None)
+    return verdict
+
+
+def _chain(store: Store) -> AuditChain:
+    if store.chain is None:
+        raise StoreError("no audit chain key: the audit log cannot be verified")
+    return store.chain
+
+
+class _Walk:
+    """One pass along the chain: what has been seen so far, measured against `head` (the newest
+    row recorded outside the database; `expect_head`: its absence is a problem once rows are keyed)."""
+
+    def __init__(self, chain: AuditChain, head: Head | None, expect_head: bool):
+        self.chain, self.head, self.expect_head = chain, head, expect_head
+        self.problems: list[str] = []
+        self.broken = self.rows = self.unkeyed = self.keyed = self.forged = 0
+        self.previous, self.last_id, self.head_seen = "", None, False
+
+    async def along(self, store: Store) -> Verdict:
+        async with aclosing(store.audit_chain()) as batches:
+            async for batch in batches:
+                for row in batch:
+                    self.step(row)
+        return self.verdict()
+
+    def found(self, line: str) -> None:
+        self.broken += 1
+        if len(self.problems) < PROBLEMS_KEPT:
+            self.problems.append(line)
+
+    def step(self, row: ChainRow) -> None:
+        self.rows += 1
+        self.last_id = row.id
+        if row.prev_hash != self.previous:
+            self.found(f"row {row.id}: chain broken (previous row removed or altered)")
+        if is_keyed(row.hash):
+            self.keyed += 1
+            if seal(self.chain.key, row) != row.hash:
+                self.forged += 1
+                self.found(f"row {row.id}: contents do not match its keyed hash (row altered or re-chained)")
+        elif self.keyed:
+            self.found(f"row {row.id}: not keyed, after the keyed chain began (row altered or re-chained)")
+        else:
+            self.unkeyed += 1
+            if row.digest != row.hash:
+                self.found(f"row {row.id}: contents do not match its hash (row altered)")
+        if self.head is not None and row.id == self.head.id:
+            self.head_seen = True
+            if row.hash != self.head.value:
+                self.found(f"row {row.id}: differs from the chain head kept in {self.chain.head} "
+                           "(row altered or re-chained)")
+        self.previous = row.hash
+
+    def verdict(self) -> Verdict:
+        where = self.chain.head
+        if self.head is not None and not self.head_seen:
+            end = f"the log ends at row {self.last_id}" if self.last_id is not None else "the log is empty"
+            self.found(f"row {self.head.id} is missing: the chain head kept in {where} names it, {end} (rows removed)")
+        elif self.head is None and self.keyed and self.expect_head:
+            self.found(f"no chain head {where}: the removal of the newest rows cannot be ruled out "
+                       "(restored or moved? see README, Audit log)")
+        if self.keyed and self.forged == self.keyed:
+            self.found("every keyed row fails: the secret key is not the one that wrote this log")
+        return Verdict(self.rows, self.unkeyed, tuple(self.problems), self.broken)
 
 
 def format_row(row: AuditRow) -> str:

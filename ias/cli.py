@@ -24,6 +24,8 @@ from .limits import CLI_NUMBER_MAX
 
 log = logging.getLogger("ias")
 
+PR_SET_DUMPABLE = 4          # <linux/prctl.h>
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (and exit 2) instead of the usage text."""
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
+        not_dumpable()
         config = config_module.load(args.config)
         if args.command == "skills":
             return cmd_skills(config, args)
@@ -144,6 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)
         return 1
+
+
+def not_dumpable() -> None:
+    """Close this process to every other process of its user (a skill included): no /proc/PID/environ, mem or
+    fds, no ptrace, no core dump. The API keys, the approval key and the database password live in it.
+    A program it starts is dumpable again after exec (unless it changed user); root still reads it."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise IasError(f"cannot make the process non-dumpable: {os.strerror(ctypes.get_errno())}")
 
 
 def _broken_pipe() -> int:
@@ -302,15 +315,14 @@ async def _listing(config, fetch, empty: str, line) -> int:
 
 async def cmd_audit(config, limit: int, verify: bool) -> int:
     from .app import open_store
-    from .audit import format_row, verify as verify_chain
+    from .audit import check, format_row
     async with open_store(config) as store:
         if verify:
-            problems = await verify_chain(store)
-            for line in problems:
+            verdict = await check(store)
+            for line in verdict.problems:
                 print(line)
-            print("audit log: chain broken" if problems else "audit log: chain intact",
-                  file=sys.stderr if problems else sys.stdout)
-            return 1 if problems else 0
+            print(verdict.summary(), file=sys.stdout if verdict.intact else sys.stderr)
+            return 0 if verdict.intact else 1
         for row in await store.audit_rows(limit):
             print(format_row(row))
     return 0

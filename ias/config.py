@@ -1,17 +1,22 @@
 """Configuration: optional ias.toml, overridden by the environment; secrets from the environment only."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from types import ModuleType
+from typing import Any, Mapping
 
 from .errors import ConfigError
 from .limits import MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TOOLS_BYTES_DEFAULT, TOOLS_BYTES_MIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
 
 # ias.toml top-level key -> (environment variable, type)
 _SETTINGS = {
@@ -64,6 +69,8 @@ class Config:
     notify_webhook_url: str | None = None
     notify_webhook_token: str | None = None
     notify_webhook_body: str | None = None      # a JSON object template for the generic webhook
+    smtp: Any = None                        # IAS_SMTP_*, checked: an ias_skill.smtp.Server, None without a host
+    imap: Any = None                        # IAS_IMAP_*, likewise
     skills_dir: Path = REPO_ROOT / "skills"
     system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()
@@ -85,6 +92,11 @@ class Config:
     @property
     def key_file(self) -> Path:
         return self.secret_key_file or self.data_dir / "secret.key"
+
+    @property
+    def audit_head(self) -> Path:
+        """The audit chain's newest row (id and keyed value), kept outside the database."""
+        return self.data_dir / "audit.head"
 
 
 def absolute(path: str | os.PathLike) -> Path:
@@ -182,7 +194,9 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
             values[key] = absolute(values[key])
-    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), environ=env, **sandbox)
+    smtp, imap = (mail_server(prefix, env) for prefix in ("IAS_SMTP", "IAS_IMAP"))
+    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env,
+                    **sandbox)
     if config.notify_webhook_body is not None:
         try:
             body = json.loads(config.notify_webhook_body)
@@ -194,3 +208,32 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     if config.data_dir.exists() and not config.data_dir.is_dir():
         raise ConfigError(f"IAS_DATA_DIR {config.data_dir} is not a directory")
     return config
+
+
+def mail_server(prefix: str, environ: Mapping[str, str]):
+    """The checked `prefix`_* settings (IAS_SMTP or IAS_IMAP) by the rules the email skill applies to the
+    same variables (ias_skill.smtp), None without a host; a bad one is a ConfigError naming it."""
+    if not any(name.startswith(prefix + "_") and value.strip() for name, value in environ.items()):
+        return None         # nothing set: the helper is not even loaded
+    smtp = skill_lib("smtp")
+    try:
+        return smtp.server(prefix, environ)
+    except smtp.SettingError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def skill_lib(name: str) -> ModuleType:
+    """`ias_skill.<name>` from resources/lib: code the daemon shares with skills (the SMTP client) lives
+    there, as a sandboxed skill reaches nothing else of the repository. Loaded as the package
+    `ias_skill` (the same module a skill imports), without putting resources/lib on sys.path."""
+    if "ias_skill" not in sys.modules:
+        init = SKILL_LIB / "ias_skill" / "__init__.py"
+        spec = importlib.util.spec_from_file_location("ias_skill", init, submodule_search_locations=[str(init.parent)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["ias_skill"] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules["ias_skill"]
+            raise
+    return importlib.import_module(f"ias_skill.{name}")

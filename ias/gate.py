@@ -25,6 +25,7 @@ from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .builtins import Builtins
 from .errors import StoreError
+from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .runner import Runner, RunResult, alive, identity
 from .registry import Registry
 from .store import AuditEntry, Store
@@ -50,6 +51,12 @@ class Gate:
                    turn: TurnBudget | None = None) -> dict:
         """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
         `turn` counts the approvals asked for one owner message."""
+        size = results.arguments_size(arguments)
+        if size > ARGUMENTS_MAX:                # before any lookup or parsing: nothing of it is kept
+            await self.store.audit(AuditEntry("skill_refused", user_id=user_id, skill_name=str(name)[:TOOL_NAME_SHOWN],
+                                              decision="arguments_too_long",
+                                              detail=f"arguments of {size} bytes (limit {ARGUMENTS_MAX})"))
+            return results.too_long(name)
         skill = self.registry.get(name)
         if skill is None and self.mcp:
             skill = await self.mcp.discover(str(name))         # a tool of a server never listed yet
@@ -74,7 +81,9 @@ class Gate:
             outcome = await self.approvals.request(user_id, skill, params, notify, turn)
             if outcome.status != "approved":
                 return results.refused(outcome.status, name)
-            params = outcome.approval.params        # exactly what the owner saw and confirmed
+            # Exactly what the owner saw and confirmed: the approval's copy in this process's memory,
+            # never params read back from the database (a writer there cannot choose what runs).
+            params = outcome.approval.params
             approval_id = outcome.approval.id
             decision = "approved"
 

@@ -19,6 +19,7 @@ SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
 JSON_NUMBER_MAX = 100               # characters of one JSON number literal (digits of a Python int)
+SCHEMA_NODES_MAX = 10_000          # JSON values of one MCP tool schema after $ref expansion; more: not loaded
 PATTERN_MAX = 1000                  # characters of one schema `pattern`
 PATTERN_STEPS_MAX = 300_000         # estimated regex steps for one match (a step takes 3-50 ns: <= ~15 ms)
 PATTERN_INPUT_MAX = 10_000          # characters of a string matched against a pattern; longer is refused
@@ -30,6 +31,9 @@ HISTORY_WINDOW = 24                 # stored messages sent back to the model
 LLM_TIMEOUT = 120.0                 # seconds per chat request
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
+TOOL_CALLS_MAX = 16                 # tool calls of one model response that are run; the rest are refused unrun
+ARGUMENTS_MAX = 64 * 1024           # bytes of one call's arguments as JSON text; longer is refused before validation
+TOOL_NAME_SHOWN = 200               # characters of a called tool's name echoed to the model or kept in history
 MAX_TOOLS_DEFAULT = 32              # tools offered per model request (IAS_MAX_TOOLS)
 MAX_TOOLS_CEILING = 128             # never more: OpenAI's endpoint refuses a request with more tools
 TOOLS_BYTES_DEFAULT = 12 * 1024     # bytes of tool definitions per model request (IAS_TOOLS_BYTES)
@@ -38,9 +42,12 @@ FIND_SKILLS_DEFAULT = 8             # skills find_skills names when the model gi
 RECENT_SKILLS_MAX = 8               # skills used recently in the conversation that stay offered
 SKILLS_SCAN_INTERVAL = 3.0          # seconds between the daemon's stat scans of the skill directories
 
+# Audit log
+AUDIT_VALUE_MAX = 4 * 1024          # bytes of one parameter value kept in an audit row; longer: a prefix and its SHA-256
+AUDIT_KEY_MAX = 256                 # bytes of one top-level parameter name kept in an audit row, the same way
+
 # Approvals
 APPROVALS_PER_TURN = 3              # approvals asked per owner message; later High calls in that turn are refused
-MARKS_RUN_MAX = 3                   # combining marks on one base shown as is in the message; longer runs escaped
 SPACES_RUN_MAX = 8                  # plain spaces in a row shown as is in the message; longer runs (padding) escaped
 
 # Command line
@@ -106,6 +113,8 @@ MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list pag
 MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
 MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)
 MCP_TOOLS_MAX = 500                 # tools taken from one server
+MCP_LIST_BYTES_MAX = 4 * 1024 * 1024  # bytes of tools/list pages; no further page is asked for past it
+MCP_SCHEMA_NODES_TOTAL = 50_000    # the same for all of one server's tool schemas together (~1 s of CPU)
 MCP_DESCRIPTION_MAX = 2000          # characters of a tool's description given to the model (paid on every request)
 MCP_STDERR_LINE = 500               # characters of one server stderr line logged
 MCP_STDERR_LINES = 200              # stderr lines logged per server start; the rest are counted, not logged

@@ -5,16 +5,18 @@ to the log, a bounded number of cut lines per start. A session is `initialize` (
 revision iAs speaks is offered; a server answering with one iAs does not speak is refused),
 then `notifications/initialized`. Used: `tools/list` (following `nextCursor`), `tools/call`,
 `ping`; a call that times out is followed by `notifications/cancelled`. A server's
-`notifications/tools/list_changed` makes iAs list its tools again and replace its skills.
+`notifications/tools/list_changed` makes iAs list its tools again and replace its skills (a tool that
+appears or changes after the first listing is High until the restart: changes.py).
 Requests from the server are answered: `ping` with an empty result, anything else with
 "method not found" (iAs offers no roots, sampling or elicitation).
 
 Lifecycle (`Servers`): a server is started by the runner (its own process group, the
 scrubbed environment) on first use, or at daemon start by `keep`, which also restarts one
 that dies, with a delay doubling from MCP_RESTART_FIRST to MCP_RESTART_MAX. Each listing is
-written to the data directory (skills.write_tools), so `ias skills` shows the tools without
-starting anything. `close` stops every server this process started: stdin closed, then
-SIGTERM and SIGKILL to its group.
+written to the data directory (registry.write_tools), so `ias skills` shows the tools without
+starting anything; one that changed since the first listing only by the daemon, which tells the
+owner (the cache is the next process's first listing). `close` stops every server this process
+started: stdin closed, then SIGTERM and SIGKILL to its group.
 
 Not handled: resources, prompts, sampling, progress notifications, the HTTP transports, and
 batches (no revision iAs speaks allows a server to send one unasked).
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from .limits import (
     MCP_LINE_MAX,
+    MCP_LIST_BYTES_MAX,
     MCP_PAGES_MAX,
     MCP_PROTOCOL_TIMEOUT,
     MCP_RESTART_FIRST,
@@ -103,17 +106,25 @@ class Connection:
         await self.notify("notifications/initialized")
 
     async def list_tools(self, timeout: float = MCP_PROTOCOL_TIMEOUT) -> list[dict]:
-        """Every tool, page by page (at most MCP_PAGES_MAX pages and MCP_TOOLS_MAX tools)."""
+        """Every tool, page by page (at most MCP_PAGES_MAX pages, MCP_TOOLS_MAX tools, and no page asked for
+        once MCP_LIST_BYTES_MAX bytes came: what a listing costs to digest and cache grows with its size)."""
         tools: list[dict] = []
         cursor = None
+        size = 0
         for _ in range(MCP_PAGES_MAX):
-            result = await self.request("tools/list", {"cursor": cursor} if cursor is not None else {}, timeout)
+            result, length = await self._request("tools/list", {"cursor": cursor} if cursor is not None else {},
+                                                 timeout)
             page = result.get("tools")
             if not isinstance(page, list):
                 raise McpError(f"mcp server {self.name}: tools/list result has no tools list")
             tools.extend(page)
+            size += length
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or len(tools) >= MCP_TOOLS_MAX:
+                break
+            if size >= MCP_LIST_BYTES_MAX:
+                log.warning("mcp server %s: tools/list passed %d bytes; the pages after it are left out",
+                            self.name, MCP_LIST_BYTES_MAX)
                 break
         else:
             log.warning("mcp server %s: tools/list still had pages after %d; the rest is left out",
@@ -281,8 +292,11 @@ class Servers:
 
     def __init__(self, registry: Registry, runner: Runner, cache, allow: frozenset[str] = frozenset(), *,
                  restart_first: float = MCP_RESTART_FIRST, restart_max: float = MCP_RESTART_MAX,
-                 stop_grace: float = MCP_STOP_GRACE):
+                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False):
         self.registry = registry
+        # Only a process that tells the owner (the daemon) caches a listing that changed since the first:
+        # the cache is the first listing of the next process, where a changed tool is Low again.
+        self.tells_owner = tells_owner
         self.runner = runner
         self.cache = cache
         self.allow = allow
@@ -292,6 +306,7 @@ class Servers:
         self._live: dict[str, Connection] = {}
         self._starting: dict[str, asyncio.Lock] = {}
         self._keepers: list[asyncio.Task] = []
+        self._listings: dict[str, int] = {}       # server -> listings begun (only the newest one is applied)
         self._closing = False
         self.errors: dict[str, str] = {}          # server -> why it is unavailable
         self.findings: dict[str, list[str]] = {}  # server -> problems and warnings of its last listing
@@ -341,13 +356,18 @@ class Servers:
 
     async def _refresh(self, spec: McpServer, conn: Connection) -> None:
         """List the tools, cache the list, put them in the registry; keep the problems and warnings found."""
+        number = self._listings[spec.name] = self._listings.get(spec.name, 0) + 1
         tools = await conn.list_tools()
-        await asyncio.to_thread(write_tools, self.cache, spec, tools)
-        skills, problems, warnings = mcp_skills(spec, tools, self.allow)
-        self.registry.set_tools(spec.name, skills)
-        for line in (*problems, *warnings):
+        # Schemas become validators in a worker thread: bounded work (mcp_skills), but never on the loop.
+        listing = await asyncio.to_thread(mcp_skills, spec, tools, self.allow, self.registry.compiled(spec.name))
+        if number != self._listings[spec.name]:
+            return                                # a newer listing (list_changed again) overtook this one
+        as_first = self.registry.set_tools(spec, listing)
+        for line in (*listing.problems, *listing.warnings):
             log.warning("%s", line)
-        self.findings[spec.name] = [*problems, *(f"{w} (warning)" for w in warnings)]
+        self.findings[spec.name] = [*listing.problems, *(f"{w} (warning)" for w in listing.warnings)]
+        if as_first or self.tells_owner:
+            await asyncio.to_thread(write_tools, self.cache, spec, tools)
 
     def _notified(self, name: str, method: str) -> None:
         """A server's notification: only tools/list_changed means anything to iAs."""

@@ -172,7 +172,17 @@ ALTER TABLE task_runs ADD COLUMN delivery text
     CHECK (delivery IN ('delivered', 'queued', 'fallback', 'expired'));
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX)
+# Version 3: the chain is computed and checked by iAs (an HMAC keyed with a key derived from the
+# secret key, see auditchain.py), no longer by the database: whoever owns the tables could
+# disable the trigger, edit a row and re-chain it with the database's own function. Older rows
+# keep their SHA-256 values and are checked by the same rule, spelt out in the verifying query.
+_KEYED_AUDIT = """
+DROP TRIGGER audit_log_chain ON audit_log;
+DROP FUNCTION audit_chain();
+DROP FUNCTION audit_digest(audit_log);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

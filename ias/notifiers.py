@@ -1,7 +1,7 @@
 """Fallback notifiers: how a message reaches the owner when WeChat cannot carry it in time.
 
 Three kinds, each optional, none by default: e-mail to IAS_NOTIFY_EMAIL (sent with the
-IAS_SMTP_* settings the email skill uses), a WeCom group robot (`POST …/cgi-bin/webhook/send?key=…`
+IAS_SMTP_* settings and the SMTP client the email skill uses, resources/lib/ias_skill/smtp.py), a WeCom group robot (`POST …/cgi-bin/webhook/send?key=…`
 with `{"msgtype": "text", "text": {"content": …}}`), and a generic JSON webhook (POST
 `{"title", "text", "kind"}`, or the JSON of IAS_NOTIFY_WEBHOOK_BODY with `{title}`, `{text}` and
 `{kind}` filled in, for ntfy, Bark, PushPlus …; optional `Authorization: Bearer
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from . import limits
+from .config import skill_lib
 
 log = logging.getLogger(__name__)
 
@@ -103,47 +104,33 @@ def _fill(template, values: dict[str, str]):
 
 
 class Email(Notifier):
-    """Mail to the owner through the IAS_SMTP_* server (ssl 465, starttls 587, or none)."""
+    """Mail to the owner through the IAS_SMTP_* server, with the email skill's client (ias_skill.smtp):
+    `server` is config.smtp, the settings checked at start (None: IAS_SMTP_HOST is not set)."""
     name = "email"
 
-    def __init__(self, to: str, environ: Mapping[str, str]):
+    def __init__(self, to: str, server):
         self.to = to
-        self.host = environ.get("IAS_SMTP_HOST", "").strip()
-        self.mode = (environ.get("IAS_SMTP_SSL") or "ssl").strip().lower()
-        default_port = {"ssl": 465, "starttls": 587}.get(self.mode, 25)
-        self.port = int(environ.get("IAS_SMTP_PORT") or default_port)
-        self.user = environ.get("IAS_SMTP_USER", "").strip()
-        self.password = environ.get("IAS_SMTP_PASSWORD", "")
+        self.server = server
 
     def deliver(self, notice: Notice) -> None:
-        import smtplib
-        import ssl
         from email.message import EmailMessage
-        if not self.host:
+        if self.server is None:
             raise ValueError("IAS_NOTIFY_EMAIL is set but IAS_SMTP_HOST is not")
+        sender = self.server.user if "@" in self.server.user else self.to
         message = EmailMessage()
-        message["From"] = self.user or self.to
+        message["From"] = sender
         message["To"] = self.to
         message["Subject"] = notice.title
         message.set_content(notice.text)
-        context = ssl.create_default_context()
-        if self.mode == "ssl":
-            client = smtplib.SMTP_SSL(self.host, self.port, timeout=limits.NOTIFY_TIMEOUT, context=context)
-        else:
-            client = smtplib.SMTP(self.host, self.port, timeout=limits.NOTIFY_TIMEOUT)
-        with client:
-            if self.mode == "starttls":
-                client.starttls(context=context)
-            if self.user:
-                client.login(self.user, self.password)
-            client.send_message(message)
+        skill_lib("smtp").send(self.server, message, from_addr=sender, to_addrs=[self.to],
+                               timeout=limits.NOTIFY_TIMEOUT)
 
 
 def configured(config) -> list[Notifier]:
     """The notifiers `config` asks for (none by default)."""
     found: list[Notifier] = []
     if config.notify_email:
-        found.append(Email(config.notify_email, config.environ))
+        found.append(Email(config.notify_email, config.smtp))
     if config.notify_wecom_url:
         found.append(WeComRobot(config.notify_wecom_url))
     if config.notify_webhook_url:

@@ -1,9 +1,14 @@
 """The embedded PostgreSQL cluster: initdb on first use, a private unix socket, shared by every iAs process.
 
 Used when IAS_DATABASE_URL is unset. The cluster listens on no TCP port; its socket lives in
-the data directory itself (mode 0700), so only this OS user (and root) can reach it, which is
-why `trust` authentication is acceptable. As root, initdb refuses to run, so the server runs as
-the `postgres` OS user.
+the data directory itself (mode 0700). Every connection still authenticates with a password
+(SCRAM): a generated secret in `<datadir>.password` (mode 0600, the daemon's user, in libpq's
+passfile format), which the DSN names as `passfile`, so a process that reaches the socket anyway
+(a sandbox, a mount, root's `postgres` user) cannot connect without reading that file. A cluster
+that an older iAs created with `trust` gets a password on its next start (single-user mode,
+before the server starts). As root, initdb refuses to run, so the server runs as the `postgres`
+OS user, with that user's groups; iAs then never writes into the data directory as root (a
+link planted there would lead anywhere): its files are written by a child running as `postgres`.
 
 Sharing: every process that uses the cluster holds a shared flock on `<datadir>.users` for as
 long as it does; starting and stopping are serialised by an exclusive flock on `<datadir>.lock`.
@@ -15,12 +20,16 @@ exits. Not handled: upgrades between PostgreSQL major versions.
 """
 from __future__ import annotations
 
+import base64
 import glob
+import hashlib
+import hmac
 import importlib.util
 import itertools
 import logging
 import os
 import pwd
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -63,6 +72,39 @@ TUNING = (
     "log_checkpoints = off",
 )
 
+PASSWORD_BYTES = 32
+SCRAM_ITERATIONS = 4096                            # PostgreSQL's own default
+# Written over an older cluster's `trust` lines: every connection, socket or TCP, gives the password.
+HBA = ("# Written by iAs: every connection authenticates with the password in the data directory's\n"
+       "# sibling file <datadir>.password (SCRAM). No replication connections.\n"
+       "local all all scram-sha-256\n"
+       "host all all 127.0.0.1/32 scram-sha-256\n"
+       "host all all ::1/128 scram-sha-256\n")
+# Run as the data directory's owner (sh and coreutils, which every user can run, unlike a venv's python
+# under /root): stdin into the file "$1", replaced whole (a new file renamed over it) or appended to.
+WRITER = ('umask 077 && if [ "$2" = append ]; then exec cat >> "$1"; '
+          'else cat > "$1.tmp" && exec mv -fT -- "$1.tmp" "$1"; fi')
+_WRITER_ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 7677), so the password itself never
+    reaches the server, its statements or its log."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server = hmac.digest(salted, b"Server Key", "sha256")
+    return f"SCRAM-SHA-256${iterations}:{_b64(salt)}${_b64(stored)}:{_b64(server)}"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _conninfo_value(value: object) -> str:
+    """A libpq conninfo value, quoted (libpq's rules: backslash escapes backslash and quote)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
 
 def wheel_bindir() -> Path | None:
     """The `pgserver` wheel's server binaries, located without importing the package (or None)."""
@@ -76,7 +118,9 @@ def wheel_bindir() -> Path | None:
 
 
 def _has_server(directory: Path) -> bool:
-    return all((directory / name).is_file() and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
+    # os.path.isfile, not Path.is_file: an unreadable directory (PATH holding /root/bin while
+    # running as another user) is "not here", where Path.is_file raises PermissionError.
+    return all(os.path.isfile(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
 
 
 def _version(directory: str) -> int:
@@ -89,7 +133,7 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
     """The directory holding initdb, pg_ctl and postgres: on PATH, else the newest `system` match, else the wheel's."""
     candidates = []
     for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        if entry and (Path(entry) / "pg_ctl").is_file():
+        if entry and os.path.isfile(os.path.join(entry, "pg_ctl")):     # never raises (see _has_server)
             candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
     candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
     bundled = wheel()
@@ -109,30 +153,57 @@ class Cluster:
         self.fsync = fsync
         self.bindir = bindir
         self._user: str | None = "postgres" if os.geteuid() == 0 else None
-        self._users = FileLock(self.datadir.with_name(self.datadir.name + ".users"))
-        self._start_lock = FileLock(self.datadir.with_name(self.datadir.name + ".lock"))
+        self.passfile = self._sibling(".password")
+        self._users = FileLock(self._sibling(".users"))
+        self._start_lock = FileLock(self._sibling(".lock"))
+
+    def _sibling(self, suffix: str) -> Path:
+        """A file next to the data directory, in the daemon's own directory (never the server's)."""
+        return self.datadir.with_name(self.datadir.name + suffix)
 
     @property
     def dsn(self) -> str:
-        host = str(self.datadir).replace("\\", "\\\\").replace("'", "\\'")     # libpq's quoting rules
-        return f"host='{host}' port={PORT} dbname=postgres user=postgres"
+        """The connection string: the socket and the password file (libpq reads the password from it)."""
+        return (f"host={_conninfo_value(self.datadir)} port={PORT} dbname=postgres user=postgres "
+                f"passfile={_conninfo_value(self.passfile)}")
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        bindir = self.bindir = self.bindir or find_bindir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["LC_ALL"] = "C.UTF-8"
+    def _spawn(self, argv: list[str], what: str, *, env: dict[str, str] | None = None,
+               **options) -> subprocess.CompletedProcess:
+        """Run argv as the cluster's owner (as root: the `postgres` user with its own groups, never root's)."""
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")}, "LC_ALL": "C.UTF-8", **(env or {})}
+        if self._user:
+            uid, gid = self._owner()
+            options.update(user=uid, group=gid, extra_groups=os.getgrouplist(self._user, gid))
         try:
-            result = subprocess.run([str(bindir / args[0]), *args[1:]], cwd="/", env=env, user=self._user,
-                                    capture_output=True, text=True, start_new_session=True,
-                                    timeout=CLUSTER_START_TIMEOUT + 30)
+            return subprocess.run(argv, cwd="/", env=env, capture_output=True, text=True, start_new_session=True,
+                                  timeout=CLUSTER_START_TIMEOUT + 30, **options)
+        except PermissionError:
+            raise                                       # the caller knows what could not be run
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise ClusterError(f"{what} failed: {exc}") from None
+
+    def _run(self, *args: str, check: bool = True, **options) -> subprocess.CompletedProcess:
+        bindir = self.bindir = self.bindir or find_bindir()
+        try:
+            result = self._spawn([str(bindir / args[0]), *args[1:]], args[0], **options)
         except PermissionError as exc:
             raise ClusterError(self._unreadable(bindir, exc)) from None
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise ClusterError(f"{args[0]} failed: {exc}") from None
         if check and result.returncode != 0:
             detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
             raise ClusterError(f"{args[0]} failed ({self.datadir}): {' / '.join(detail)}")
         return result
+
+    def _write(self, name: str, text: str, *, append: bool = False) -> None:
+        """Write a file of the data directory as its owner: as root, a link the `postgres` user planted there
+        leads nowhere that user could not write anyway."""
+        argv = ["/bin/sh", "-c", WRITER, "sh", str(self.datadir / name), "append" if append else "replace"]
+        try:
+            result = self._spawn(argv, f"writing {name}", input=text, env=_WRITER_ENV)
+        except PermissionError as exc:
+            raise ClusterError(f"cannot write {self.datadir / name} as the cluster's owner: {exc}") from None
+        if result.returncode != 0:
+            detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ClusterError(f"cannot write {self.datadir / name} as the cluster's owner: {detail}")
 
     def _unreadable(self, bindir: Path, why: object) -> str:
         return (f"the '{self._user}' OS user cannot run the PostgreSQL binaries in {bindir} ({why}); as root the "
@@ -175,7 +246,10 @@ class Cluster:
     def _postmaster(self) -> tuple[int, str] | None:
         """The pid and status line from postmaster.pid, or None without (a readable) one."""
         try:
-            lines = (self.datadir / "postmaster.pid").read_text(encoding="utf-8", errors="replace").splitlines()
+            # The server's own directory: no link followed, and a planted FIFO cannot block us.
+            fd = os.open(self.datadir / "postmaster.pid", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with open(fd, encoding="utf-8", errors="replace") as pidfile:
+                lines = pidfile.read(4096).splitlines()
             return int(lines[0]), (lines[7].strip() if len(lines) > 7 else "")
         except (OSError, ValueError, IndexError):
             return None
@@ -210,18 +284,20 @@ class Cluster:
         if not self.initialised():
             self._check_runnable()
             log.info("creating the embedded PostgreSQL cluster in %s", self.datadir)
-            self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
-                      "--encoding=UTF8", "--locale=C", "--no-sync")
-            with open(self.datadir / "postgresql.conf", "a", encoding="utf-8") as conf:
-                conf.write("\ninclude_if_exists = 'ias.conf'\n")
+            password = secrets.token_hex(PASSWORD_BYTES)
+            self._initdb(password)
+            self._write("postgresql.conf", "\ninclude_if_exists = 'ias.conf'\n", append=True)
+            self._save_password(password)
         if self.running():
-            return
+            return                                      # a server without a password yet gets one when it restarts
         self._check_runnable()
         self._write_settings()
         stale = self._postmaster() is not None        # a killed server: its backends may still be exiting
         deadline = time.monotonic() + CLUSTER_STALE_WAIT
         for attempt in itertools.count():
             try:
+                if not self.passfile.exists():
+                    self._set_password()
                 self._run("pg_ctl", "start", "-D", str(self.datadir), "-w", "-t", str(CLUSTER_START_TIMEOUT),
                           "-l", str(self.datadir / "server.log"))
                 break
@@ -234,16 +310,50 @@ class Cluster:
                 time.sleep(CLUSTER_RETRY_PAUSE)
         log.info("embedded PostgreSQL started in %s", self.datadir)
 
+    def _initdb(self, password: str) -> None:
+        """initdb with password authentication; the verifier reaches it through a memfd, which the `postgres`
+        user can open where it could not open a root-owned pipe or file."""
+        pwfile = os.memfd_create("ias-pwfile")
+        try:
+            os.write(pwfile, f"{scram_verifier(password)}\n".encode())
+            self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=scram-sha-256",
+                      f"--pwfile=/proc/self/fd/{pwfile}", "--encoding=UTF8", "--locale=C", "--no-sync",
+                      pass_fds=(pwfile,))
+        finally:
+            os.close(pwfile)
+
+    def _set_password(self) -> None:
+        """A stopped cluster without a password file (made with `trust` by an older iAs, or the file lost): a new
+        password, set in single-user mode (no connection needed), then pg_hba.conf closed to all without it."""
+        password = secrets.token_hex(PASSWORD_BYTES)
+        result = self._run("postgres", "--single", "-D", str(self.datadir), "postgres",
+                           input=f"ALTER ROLE postgres PASSWORD '{scram_verifier(password)}';\n")
+        errors = [line for line in result.stderr.splitlines() if "ERROR:" in line]    # its exit status is 0
+        if errors:
+            raise ClusterError(f"setting the embedded cluster's password failed ({self.datadir}): "
+                               f"{errors[0].partition('ERROR:')[2].strip()}")
+        self._write("pg_hba.conf", HBA)
+        self._save_password(password)
+        log.info("embedded PostgreSQL in %s: a new password set up (the cluster had no password file)", self.datadir)
+
+    def _save_password(self, password: str) -> None:
+        """The password in libpq's passfile format, mode 0600, written whole or not at all."""
+        partial = self._sibling(".password.tmp")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w", encoding="ascii") as out:
+            out.write(f"*:*:*:postgres:{password}\n")
+            out.flush()
+            os.fsync(fd)
+        os.replace(partial, self.passfile)
+
     def _write_settings(self) -> None:
         socket_dir = str(self.datadir).replace("'", "''")
         settings = [f"unix_socket_directories = '{socket_dir}'", f"port = {PORT}", *TUNING,
                     f"fsync = {'on' if self.fsync else 'off'}"]
         if not self.fsync:
             settings += ["synchronous_commit = off", "full_page_writes = off"]
-        conf = self.datadir / "ias.conf"
-        conf.write_text("\n".join(settings) + "\n", encoding="utf-8")
-        if self._user:
-            os.chown(conf, *self._owner())
+        self._write("ias.conf", "\n".join(settings) + "\n")
 
     def stop(self) -> None:
         """Stop using the cluster; the server is stopped only when no other iAs process uses it."""

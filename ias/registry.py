@@ -2,20 +2,24 @@
 
 `Registry.reload()` re-reads only the SKILL.md files whose stat signature changed; a parsed-spec
 cache in the data directory makes the `skills` listing fast; the tools an `## MCP` server last
-listed (cached per server) become skills named `<skill>__<tool>`.
+listed (cached per server) become skills named `<skill>__<tool>`. What a reload may not do (lower
+a risk) and what the owner is told of it are decided in changes.py; `take_changes()` hands those
+facts out.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .changes import Change, Changes
 from .errors import SkillError
-from .limits import MCP_DESCRIPTION_MAX
+from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
 from .sandbox import Policy
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, load_skill
 
@@ -28,6 +32,8 @@ class Registry:
     `reload()` re-reads only the SKILL.md files whose stat signature (mtime, size, inode) changed,
     so the daemon can call it before every turn. A skill whose new version does not load keeps
     its last good version; a problem is logged once, and queued once for `take_new_problems`.
+    No risk goes down before the process restarts, and what changed is queued for `take_changes`
+    (changes.py).
     """
 
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
@@ -50,20 +56,36 @@ class Registry:
         self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
         self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
         self._confine = confine              # (spec, source) -> why its sandbox keeps it from loading here, or None
+        self._listed: dict[str, tuple[McpServer, Listing]] = {}   # server -> its last listing, and for which spec
+        self.changes = Changes()
 
     def get(self, name: str) -> Skill | None:
         return self.skills.get(name)
 
-    def set_tools(self, server: str, skills: dict[str, Skill]) -> None:
+    def compiled(self, server: str) -> dict:
+        """The tool schemas compiled for `server`'s last listing (for mcp_skills to reuse)."""
+        listed = self._listed.get(server)
+        return listed[1].compiled if listed is not None else {}
+
+    def set_tools(self, server: McpServer, listing: Listing) -> bool:
         """A server's tools as listed now (start, `tools/list_changed`): its old tool skills give way.
-        A name taken by a skill of another kind is left to that skill."""
-        for name in [n for n, s in self.skills.items() if s.mcp is not None and s.mcp.server == server]:
+        A name taken by a skill of another kind is left to that skill. Whether the listing holds only
+        tools of the first listing, unchanged (changes.py)."""
+        as_first = self.changes.as_first(server, listing.digests)
+        self._listed[server.name] = (server, listing)
+        made = self.changes.hold(self.changes.tools(server, listing.skills, listing.digests))
+        for name in [n for n, s in self.skills.items() if s.mcp is not None and s.mcp.server == server.name]:
             del self.skills[name]
-        for name, skill in skills.items():
+        for name, skill in made.items():
             if name not in self.skills:
                 self.skills[name] = skill
         self.generation += 1
         self._sorted = None
+        return as_first
+
+    def take_changes(self) -> list[Change]:
+        """Skills added or changed since the last call (none for those loaded at start), each handed out once."""
+        return self.changes.take()
 
     def __iter__(self):
         if self._sorted is None:
@@ -142,15 +164,16 @@ class Registry:
             found = system if source == "system" else user
             if isinstance(outcome, McpServer):
                 servers[outcome.name] = outcome
-                tools = cached_tools(self._mcp_cache, outcome) if self._mcp_cache is not None else None
-                if tools:
-                    made, bad, warned = mcp_skills(outcome, tools, self._allow)
-                    found.update(made)
-                    problems.extend(bad)
-                    tool_warnings.extend(warned)
+                listing = self._listing(outcome)
+                if listing is not None:
+                    found.update(self.changes.tools(outcome, listing.skills, listing.digests))
+                    problems.extend(listing.problems)
+                    tool_warnings.extend(listing.warnings)
                 continue
             found[outcome.name] = outcome
         skills, warnings = _merge(system, user, self._allow)
+        self.changes.files({**{n: s for n, s in skills.items() if s.mcp is None}, **servers}, first)
+        skills = self.changes.hold(skills)
         changed = first or skills != self.skills
         self.skills, self.problems, self.warnings = skills, tuple(problems), (*tool_warnings, *warnings)
         self.servers = servers
@@ -158,6 +181,19 @@ class Registry:
             self.generation += 1
             self._sorted = None
         return changed
+
+    def _listing(self, server: McpServer) -> Listing | None:
+        """The server's tools as skills: its last listing in this process when the spec is the same, else the
+        cached list (its compiled schemas reused), else None."""
+        listed = self._listed.get(server.name)
+        if listed is not None and listed[0] == server:
+            return listed[1]
+        tools = cached_tools(self._mcp_cache, server) if self._mcp_cache is not None else None
+        if not tools:
+            return None
+        listing = mcp_skills(server, tools, self._allow, self.compiled(server.name))
+        self._listed[server.name] = (server, listing)
+        return listing
 
     def _report(self, problems: list[str], kept: bool) -> None:
         new = [p for p in problems if p not in self._reported]
@@ -327,19 +363,75 @@ def write_tools(cache: Path, server: McpServer, tools: list) -> None:
     os.replace(temp, target)
 
 
-def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] = frozenset()
-               ) -> tuple[dict[str, Skill], list[str], list[str]]:
-    """A server's tools (as `tools/list` gave them) as skills; and the problems (tools left out) and warnings."""
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A server's `tools/list` as skills, with the risks its SKILL.md and annotations give (the first-listing
+    rule and the floor come after, in changes.py)."""
+    skills: dict[str, Skill]
+    problems: list[str]                    # tools left out
+    warnings: list[str]
+    digests: dict[str, str] = field(default_factory=dict)    # every listed tool -> _digest of what it says
+    compiled: dict = field(default_factory=dict, repr=False)  # tool digest -> _Compiled (reused by the next listing)
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """One tool schema made into a validator, or why not; `nodes`: the budget it took."""
+    nodes: int
+    relaxed: dict | None = None
+    dropped: tuple[str, ...] = ()
+    validator: Callable[[object], list[str]] | None = None
+    problems: tuple[str, ...] = ()
+    too_large: bool = False
+
+
+def _digest(tool: dict) -> str:
+    """What a change of makes a tool High until the restart: its name, title, description, schema, annotations."""
+    said = [tool.get(key) for key in ("name", "title", "description", "annotations", "inputSchema")]
+    return hashlib.sha256(json.dumps(said, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+                          .encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _compile(given: dict, budget: int) -> _Compiled:
+    """`given` relaxed and compiled within `budget` schema nodes (at most SCHEMA_NODES_MAX)."""
     from . import schema
+    if budget <= 0:
+        return _Compiled(0, too_large=True)
+    nodes = [budget]
+    try:
+        relaxed, dropped = schema.relax(given, nodes)
+        return _Compiled(budget - nodes[0], relaxed, tuple(dropped), schema.compile(relaxed))
+    except schema.SchemaError as exc:
+        return _Compiled(budget - max(nodes[0], 0), problems=tuple(exc.problems), too_large=nodes[0] < 0)
+
+
+def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] = frozenset(),
+               compiled: dict | None = None) -> Listing:
+    """A server's tools (as `tools/list` gave them) as skills; the problems (tools left out) and warnings.
+
+    Bounded by size: each schema may expand to SCHEMA_NODES_MAX nodes, all of them together to
+    MCP_SCHEMA_NODES_TOTAL; past either the tool is left out with a warning. `compiled` (a former
+    listing's) saves compiling a schema again. CPU-bound: the daemon calls it in a worker thread."""
     where = f"{server.path}:{server.line}"
     skills: dict[str, Skill] = {}
     problems: list[str] = []
     warnings: list[str] = []
+    digests: dict[str, str] = {}
+    reused = compiled or {}
+    kept: dict[str, _Compiled] = {}
+    left = MCP_SCHEMA_NODES_TOTAL
     for tool in tools:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             problems.append(f"{where}: mcp server '{server.name}' listed a tool without a name")
             continue
         raw = tool["name"]
+        given = tool.get("inputSchema")
+        try:
+            key = _digest(tool)
+            digests.setdefault(raw, key)
+        except (ValueError, TypeError, RecursionError):
+            problems.append(f"{where}: tool '{_clip(raw)}' cannot be read (nested too deep)")
+            continue
         if server.tools is not None and raw not in server.tools:
             continue
         name = tool_skill_name(server.name, raw)
@@ -347,21 +439,30 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         if not NAME_RE.match(name) or name in skills:
             problems.append(f"{label}: the name breaks ^[a-z][a-z0-9_]{{0,63}}$ or is taken by another tool")
             continue
-        given = tool.get("inputSchema")
         if given is None:
             given = {"type": "object"}
         if not isinstance(given, dict) or given.get("type", "object") != "object":
             problems.append(f"{label}: inputSchema must be a JSON Schema object with \"type\": \"object\"")
             continue
-        relaxed, dropped = schema.relax(given)
-        warnings.extend(f"{label}: {d}; ignored for validation (the model still sees it)" for d in dropped)
-        try:
-            validator = schema.compile(relaxed)
-        except schema.SchemaError as exc:
-            problems.extend(f"{label}: {_clip(p, 300)}" for p in exc.problems)
+        made = kept.get(key) or reused.get(key)
+        if made is None or made.nodes > left:
+            made = _compile(given, min(SCHEMA_NODES_MAX, left))
+        left -= made.nodes
+        whole = made.nodes >= SCHEMA_NODES_MAX      # refused for its own size, not for what the others took
+        if not made.too_large or whole:
+            kept[key] = made
+        if made.too_large:
+            warnings.append(f"{label}: not loaded: its schema passes " + (
+                f"{SCHEMA_NODES_MAX} nodes after $ref expansion" if whole
+                else f"what is left of {MCP_SCHEMA_NODES_TOTAL} schema nodes for all of the server's tools"))
             continue
+        if made.validator is None:
+            problems.extend(f"{label}: {_clip(p, 300)}" for p in made.problems)
+            continue
+        warnings.extend(f"{label}: {d}; ignored for validation (the model still sees it)" for d in made.dropped)
         risk = server.tools.get(raw, server.risk) if server.tools is not None else server.risk
         annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+        # Annotations can only raise a risk (readOnlyHint never lowers one): they are the server's word.
         destructive = annotations.get("destructiveHint") is True or (
             annotations.get("readOnlyHint") is False and annotations.get("destructiveHint") is not False)
         if destructive and risk == "low" and name not in allow:
@@ -372,10 +473,10 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         title = tool.get("title") if isinstance(tool.get("title"), str) else raw
         description = description.strip()[:MCP_DESCRIPTION_MAX] or title
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
-                             parameters=relaxed, execute="", timeout=server.timeout, env=server.env,
-                             directory=server.directory, validator=validator, source=server.source,
+                             parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
+                             directory=server.directory, validator=made.validator, source=server.source,
                              parameters_line=server.line, mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")
-    return skills, problems, warnings
+    return Listing(skills, problems, warnings, digests, kept)

@@ -3,7 +3,8 @@
 Other modules return facts — the runner a `RunResult` (exit code, output, stderr tail, timed
 out, overflowed, sizes), the approval an outcome status, the validator a list of errors — and
 the gate turns them into the JSON object the model reads through the functions here. The agent
-keeps each result in the history cut to TOOL_RESULT_MAX characters by `for_history`.
+keeps each result in the history cut to TOOL_RESULT_MAX characters by `for_history`, and the
+model's own calls within the bounds of SPEC §6.11 by `calls_for_history`.
 
 Nothing here mentions approvals or codes: a High call that did not run is "rejected" or "not
 confirmed", never "the code was wrong" or "the owner was asked".
@@ -16,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .limits import ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_RESULT_MAX
+from .limits import (ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_CALLS_MAX, TOOL_NAME_SHOWN,
+                     TOOL_RESULT_MAX)
 
 if TYPE_CHECKING:
     from .mcp import CallResult
@@ -106,7 +108,52 @@ def truncated(run: RunResult) -> bool:
 
 
 def unknown_skill(name: str) -> dict:
-    return {"success": False, "error": f"未知技能：{name}"}
+    return {"success": False, "error": f"未知技能：{shown_name(name)}"}
+
+
+def too_long(name: str) -> dict:
+    """Arguments past ARGUMENTS_MAX: refused before validation, nothing ran, no approval was asked."""
+    return {"success": False, "error": f"参数过长：{shown_name(name)}"}
+
+
+def too_many_calls(name: str) -> dict:
+    """A call past the first TOOL_CALLS_MAX of one model response: nothing of it ran."""
+    return {"success": False, "error": f"单次调用过多，未执行：{shown_name(name)}"}
+
+
+def shown_name(name) -> str:
+    """A called name as echoed to the model: real skill names whole, a flood cut to TOOL_NAME_SHOWN."""
+    name = str(name)
+    return name if len(name) <= TOOL_NAME_SHOWN else name[:TOOL_NAME_SHOWN] + "…"
+
+
+def arguments_size(arguments: dict | str | None) -> int:
+    """Bytes of a call's arguments as JSON text: the text the model sent, else the compact JSON of the
+    object given (`/run` passes text, `ias run` an object)."""
+    if arguments is None:
+        return 0
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return len(arguments.encode("utf-8", "surrogatepass"))
+
+
+def calls_for_history(message: dict, run: int = TOOL_CALLS_MAX) -> dict:
+    """The assistant message as the history keeps it and later requests re-send it: a call past the
+    first `run`, or one whose arguments are past ARGUMENTS_MAX, keeps its id and name but not its
+    arguments (valid JSON in their place; its tool message says why), and names are cut."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    kept = []
+    for i, call in enumerate(calls):
+        function = call["function"]
+        arguments = function["arguments"]
+        if i >= run:
+            arguments = "{}"
+        elif (size := arguments_size(arguments)) > ARGUMENTS_MAX:
+            arguments = json.dumps({"_omitted": f"参数过长，未保存（{size} 字节）"}, ensure_ascii=False)
+        kept.append({**call, "function": {**function, "name": shown_name(function["name"]), "arguments": arguments}})
+    return {**message, "tool_calls": kept}
 
 
 def invalid(errors: list[str]) -> dict:
@@ -146,11 +193,13 @@ def for_history(result: dict, limit: int = TOOL_RESULT_MAX) -> str:
         return content
     shrunk = {**result, "truncated": True}
     strings = sorted((k for k, v in shrunk.items() if isinstance(v, str)), key=lambda k: -len(shrunk[k]))
-    for key in strings:
-        excess = len(json.dumps(shrunk, ensure_ascii=False)) - limit
+    excess = len(json.dumps(shrunk, ensure_ascii=False)) - limit
+    for key in strings:         # the text shrinks by what each cut value's JSON lost: no re-serialising
         if excess <= 0:
             break
-        shrunk[key] = shrunk[key][:max(0, len(shrunk[key]) - excess - 1)] + "…"
+        before = shrunk[key]
+        shrunk[key] = before[:max(0, len(before) - excess - 1)] + "…"
+        excess -= len(json.dumps(before, ensure_ascii=False)) - len(json.dumps(shrunk[key], ensure_ascii=False))
     content = json.dumps(shrunk, ensure_ascii=False)
     if len(content) > limit:            # the bulk is in nested values: cut the text after all
         content = content[:limit] + "…(truncated)"

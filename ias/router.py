@@ -4,6 +4,12 @@ While a user has a pending approval, their messages go to it and never reach the
 code-shaped message with nothing pending is intercepted too, so a late or mistyped code never
 lands in the model's context. While the database is lost (see monitor.py) every message gets
 one short answer instead of a turn.
+
+One user's messages are handled in the order they arrived, whatever each looks up first (SPEC 8,
+"Order"); their replies are queued in that order too. The exceptions are the answers that cannot
+wait: an approval reply answers the turn that waits for it, a reply that releases a held
+confirmation message or says 继续 only lets out what waits, and the database-down answer comes at
+once. Different users never wait for each other.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
-from .locks import UserLocks
+from .locks import Place, UserLocks
 from .outbox import Outbox
 
 log = logging.getLogger(__name__)
@@ -41,7 +47,8 @@ class Router:
         self.monitor = monitor        # the DatabaseMonitor, in the daemon
         self.outbox = outbox          # every message to the owner goes through it
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
-        self._turns = UserLocks()
+        self._arrivals = UserLocks()    # what a message looks up first, in the order messages came
+        self._turns = UserLocks()       # turns (and answers given in turn), in the same order
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -55,35 +62,71 @@ class Router:
         return len(self._tasks)
 
     async def dispatch(self, message: Inbound) -> None:
-        """Handle one message; never raises (a failure is logged and the owner told briefly)."""
-        channel = self.channels[message.channel]
+        """Handle one message, after the user's earlier ones; never raises (a failure is logged and the
+        owner told briefly).
+
+        Two lines per user keep the order: `_arrivals`, whose place is taken before the first await (so
+        in the order the channel delivered the messages), covers what a message looks up first; a
+        message that needs a turn takes its place in `_turns` before it lets the next one look anything
+        up. An approval reply never waits for a turn: the turn it answers holds the turn lock meanwhile.
+        """
+        arrival = self._arrivals.place(message.user_id)
+        place = None
+        async with arrival:
+            channel = self.channels[message.channel]
+            try:
+                place = await self._sort(message, channel)
+                arrival.release()       # in line for its turn: the next message may look things up
+                if place is not None:
+                    async with place:
+                        await self._handle(message, channel)
+            except asyncio.CancelledError:
+                raise
+            except StoreError as exc:
+                log.error("handling a message from %s on %s failed: %s", message.user_id, message.channel, exc)
+                if self.monitor is not None:
+                    self.monitor.suspect()
+                await _answer(channel, message.user_id, DB_DOWN)
+            except Exception:
+                log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
+                await _answer(channel, message.user_id, FAILED)
+            finally:
+                if place is not None:
+                    place.release()
+
+    async def _sort(self, message: Inbound, channel: Channel) -> Place | None:
+        """What must happen at once (the database is down, a held confirmation message or an approval
+        reply); otherwise the message's place in the user's turn line."""
         if self.monitor is not None and not self.monitor.available:
             await _answer(channel, message.user_id, DB_DOWN)
-            return
-        try:
-            if await self.outbox.inbound(message.user_id, message.channel, message.text):
-                return                  # it released a held confirmation message, or only said 继续
-            answer = await self.approvals.redeem(message.user_id, message.text)
-            if answer is None and parse_reply(message.text) == "code":
-                answer = NOTHING_PENDING
-            if answer is not None:
-                await self.outbox.send(message.user_id, answer, channel.name)
-                return
-            await self.turn(message.user_id, message.text, channel, answer=True)
-        except asyncio.CancelledError:
-            raise
-        except StoreError as exc:
-            log.error("handling a message from %s on %s failed: %s", message.user_id, message.channel, exc)
-            if self.monitor is not None:
-                self.monitor.suspect()
-            await _answer(channel, message.user_id, DB_DOWN)
-        except Exception:
-            log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
-            await _answer(channel, message.user_id, FAILED)
+            return None
+        if await self.outbox.inbound(message.user_id, message.channel, message.text):
+            return None                 # it released a held confirmation message, or only said 继续
+        answer = await self.approvals.redeem(message.user_id, message.text)
+        if answer is not None:
+            await self.outbox.send(message.user_id, answer, channel.name)
+            return None
+        return self._turns.place(message.user_id)
 
-    async def turn(self, user_id: str, text: str, channel: Channel, *, answer: bool = False) -> str:
-        """One agent turn for `user_id`, after any turn already running for them; approvals go to `channel`,
-        and with `answer` the reply too, queued before their next turn starts (so replies keep their order)."""
+    async def _handle(self, message: Inbound, channel: Channel) -> None:
+        """In the user's turn: a code-shaped message is intercepted (nothing was pending when it came, and
+        a code never reaches the model); anything else is an agent turn, its reply queued before the next
+        turn starts (so replies keep their order)."""
+        if parse_reply(message.text) == "code":
+            await self.outbox.send(message.user_id, NOTHING_PENDING, channel.name)
+            return
+        reply = await self._agent_turn(message.user_id, message.text, channel)
+        if reply:
+            await self.outbox.send(message.user_id, reply, channel.name)
+
+    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
+        """One agent turn for `user_id` (a scheduled task's prompt), after any turn already running or
+        waiting for them; approvals go to `channel`."""
+        async with self._turns.hold(user_id):
+            return await self._agent_turn(user_id, text, channel)
+
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel) -> str:
+        """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
@@ -91,11 +134,7 @@ class Router:
             skill = SKILL_LINE.search(message)
             return await self.outbox.urgent(user_id, channel.name, message, skill.group(1) if skill else "?",
                                             self.approvals.timeout)
-        async with self._turns.hold(user_id):
-            reply = await self.agent.turn(user_id, text, notify)
-            if answer and reply:
-                await self.outbox.send(user_id, reply, channel.name)
-            return reply
+        return await self.agent.turn(user_id, text, notify)
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.

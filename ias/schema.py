@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from . import validator as _validator
 from .jsonvalues import LEAF_TYPES, TYPE_NAMES, hostile, kind, loads, render, segment, too_deep
+from .limits import JSON_DEPTH_MAX, SCHEMA_NODES_MAX
 from .patterns import pattern_problem
 from .validator import Validator
 
@@ -308,13 +309,24 @@ _CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {
 _META = frozenset({"$schema", "$id", "$comment", "$defs", "definitions", "$anchor"})   # no effect on validation
 _SUBSCHEMA = frozenset({"additionalProperties", "items", "not"})
 _SCHEMA_LIST = frozenset({"anyOf", "oneOf", "allOf"})
-REF_EXPANSIONS_MAX = 1000          # `$ref`s inlined in one schema; past that a ref validates anything
+DROPPED_MAX = 20                   # `path: message` lines relax() keeps per schema; the rest are counted
+PATTERN_CHARS_PER_NODE = 4         # a `pattern` costs a node per this many characters too (checking it is slow)
 
 
-def relax(schema: dict) -> tuple[Any, list[str]]:
+class _TooLarge(Exception):
+    """The node budget ran out (or the expansion nested too deep) while inlining `$ref`s."""
+
+
+def relax(schema: dict, nodes: list[int] | None = None) -> tuple[Any, list[str]]:
     """`schema` with `$ref`s to its own `$defs`/`definitions` inlined (2020-12: a ref's siblings apply too), the
     meta keywords (`$schema`, `$id`, `$comment`, `$defs`) removed and every keyword outside the subset dropped;
-    and a `path: message` line per dropped keyword or unresolvable ref. What is left is still to be check()ed."""
+    and a `path: message` line per dropped keyword or unresolvable ref. What is left is still to be check()ed.
+
+    Bounded by size: the result may hold at most `nodes[0]` JSON values (SCHEMA_NODES_MAX when not given;
+    `nodes` is decremented in place, so one budget can be shared by several schemas; a `pattern` costs
+    its length / PATTERN_CHARS_PER_NODE more, as checking it costs that much more) and nest at most
+    JSON_DEPTH_MAX deep. Past either, SchemaError, after work proportional to the budget, never to the
+    expansion (30 definitions each naming the previous twice would expand to 2**30 copies)."""
     if hostile(schema) is not None:
         return schema, []                    # check() reports it; nothing here may recurse into it
     defs = {}
@@ -322,13 +334,42 @@ def relax(schema: dict) -> tuple[Any, list[str]]:
         if isinstance(schema.get(key), dict):
             defs.update({f"#/{key}/{name}": sub for name, sub in schema[key].items()})
     dropped: list[str] = []
-    budget = [REF_EXPANSIONS_MAX]
-    return _relax(schema, "$", defs, (), dropped, budget), dropped
+    budget = [SCHEMA_NODES_MAX] if nodes is None else nodes
+    limit = budget[0]
+    try:
+        relaxed = _relax(schema, "$", defs, (), dropped, budget, 1)
+    except _TooLarge as exc:
+        why = exc.args[0] if exc.args else f"more than {limit} schema nodes after $ref expansion"
+        raise SchemaError([f"$: {why}"]) from None
+    if len(dropped) > DROPPED_MAX:
+        dropped[DROPPED_MAX:] = [f"$: and {len(dropped) - DROPPED_MAX} more keywords or $refs left out"]
+    return relaxed, dropped
 
 
-def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], budget: list[int]) -> Any:
+def _spend(budget: list[int], count: int) -> None:
+    budget[0] -= count
+    if budget[0] < 0:
+        raise _TooLarge()
+
+
+def _values(value: Any, budget: list[int]) -> None:
+    """Spend one node per JSON value in `value` (an enum, a default …); stops as soon as the budget is gone."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        _spend(budget, 1)
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], budget: list[int], depth: int) -> Any:
+    _spend(budget, 1)
     if not isinstance(schema, dict):
         return schema
+    if depth > JSON_DEPTH_MAX:
+        raise _TooLarge(f"nested deeper than {JSON_DEPTH_MAX} levels after $ref expansion")
     out: dict = {}
     for key, value in schema.items():
         where = f"{path}{segment(key)}"
@@ -336,25 +377,32 @@ def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], 
             continue
         if key == "$ref":
             target = defs.get(value) if isinstance(value, str) else None
-            if target is None or value in refs or budget[0] <= 0:
-                why = "recursive" if value in refs else "too many" if target is not None else "unresolvable"
-                dropped.append(f"{where}: {why} $ref {_q(value)}")
+            if target is None or value in refs:
+                _spend(budget, 1)
+                dropped.append(f"{where}: {'recursive' if value in refs else 'unresolvable'} $ref {_q(value)}")
                 continue
-            budget[0] -= 1
-            inlined = _relax(target, path, defs, (*refs, value), dropped, budget)
+            _spend(budget, 1)                # the allOf list it lands in
+            inlined = _relax(target, path, defs, (*refs, value), dropped, budget, depth + 2)
             out.setdefault("allOf", []).append(inlined)
         elif key == "properties" and isinstance(value, dict):
-            out[key] = {name: _relax(sub, f"{where}{segment(name)}", defs, refs, dropped, budget)
+            _spend(budget, 1)
+            out[key] = {name: _relax(sub, f"{where}{segment(name)}", defs, refs, dropped, budget, depth + 2)
                         for name, sub in value.items()}
         elif key == "items" and isinstance(value, list):
+            _spend(budget, 1)
             dropped.append(f"{where}: tuple-form items (a list)")
         elif key in _SUBSCHEMA:
-            out[key] = _relax(value, where, defs, refs, dropped, budget)
+            out[key] = _relax(value, where, defs, refs, dropped, budget, depth + 1)
         elif key in _SCHEMA_LIST and isinstance(value, list):
-            out.setdefault(key, []).extend(_relax(sub, f"{where}[{i}]", defs, refs, dropped, budget)
+            _spend(budget, 1)
+            out.setdefault(key, []).extend(_relax(sub, f"{where}[{i}]", defs, refs, dropped, budget, depth + 2)
                                            for i, sub in enumerate(value))
         elif key not in _CHECKERS or (key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool)):
+            _spend(budget, 1)
             dropped.append(f"{where}: unsupported keyword {_q(key)}")
         else:
+            _values(value, budget)
+            if key == "pattern" and isinstance(value, str):
+                _spend(budget, len(value) // PATTERN_CHARS_PER_NODE)
             out[key] = value
     return out

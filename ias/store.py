@@ -35,12 +35,13 @@ from typing import Any, AsyncIterator
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
-from . import migrations
-from .errors import StoreError
+from . import auditchain, migrations
+from .auditchain import AuditChain, Head
+from .errors import IasError, StoreError
 from .limits import STORED_JSON_DEPTH
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ POOL_SIZE = 8                    # connections held at most
 POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 730819910          # advisory lock class serialising migrations (second key: the schema)
+AUDIT_LOCK = 7308199101          # transaction advisory lock serialising audit appends (one chain, every process)
+AUDIT_BATCH = 2000               # rows per fetch when the whole audit log is read (verification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,13 @@ class AuditRow:
     detail: str | None
     prev_hash: str
     hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow(AuditRow):
+    """An audit row as the chain covers it: `params` is jsonb's text, and `digest` the old rule's
+    SHA-256 for a row from before the keyed chain (see auditchain.py)."""
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +157,30 @@ _SETTLE_RUNS = (
     "ELSE 'queued' END AS delivery FROM outbox WHERE task_run_id = ANY(%s) GROUP BY task_run_id) d "
     "WHERE t.id = d.task_run_id")
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
-_AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}, prev_hash, hash) "
-                 f"VALUES ({', '.join(['%s'] * len(_AUDIT_COLUMNS))}, '', '')")
+_AUDIT_TYPES = {"event": "text", "user_id": "text", "skill_name": "text", "params": "jsonb", "risk": "text",
+                "approval_id": "uuid", "decision": "text", "exit_code": "integer", "duration_ms": "integer",
+                "output_size": "bigint", "truncated": "boolean", "detail": "text"}
+# Under the append lock: the next id, the time and the previous value, and the entry's values as
+# the columns will hold them (params as jsonb's text), which is what the keyed value covers.
+_AUDIT_PREPARE = (
+    "SELECT nextval(pg_get_serial_sequence('audit_log', 'id')) AS id, clock_timestamp() AS at, "
+    + ", ".join(f"%s::{_AUDIT_TYPES[name]}{'::text' if name == 'params' else ''} AS {name}" for name in _AUDIT_COLUMNS)
+    + ", coalesce((SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1), '') AS prev_hash, "
+    "(SELECT hash FROM audit_log WHERE id = %s) AS head_value")
+_CHAIN_COLUMNS = ["id", "at", *_AUDIT_COLUMNS, "prev_hash", "hash"]
+_AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_CHAIN_COLUMNS)}) VALUES ("
+                 + ", ".join("%s::jsonb" if name == "params" else "%s" for name in _CHAIN_COLUMNS) + ")")
+# Every row as the chain covers it; rows from before the keyed chain (a bare SHA-256 written by the
+# old trigger) get the old rule's digest, spelt out here with built-ins only, so that replacing or
+# dropping a function in the database cannot vouch for them.
+_AUDIT_CHAIN_ROWS = (
+    "SELECT " + ", ".join("a.params::text" if f.name == "params" else f"a.{f.name}"
+                          for f in fields(ChainRow) if f.name != "digest")
+    + f", CASE WHEN NOT pg_catalog.starts_with(a.hash, '{auditchain.KEYED}') THEN "
+    "pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array("
+    "a.prev_hash, a.id, extract(epoch FROM a.at)::text, a.event, a.user_id, a.skill_name, a.params, a.risk, "
+    "a.approval_id, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail)::text, "
+    "'UTF8')), 'hex') END AS digest FROM audit_log a ORDER BY a.id")
 TOO_DEEP = "…(nested too deep to store)"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -214,6 +246,13 @@ def _make_storable(conn: psycopg.AsyncConnection) -> None:
 
 
 _APPROVAL_FIELDS = "id, created_at, expires_at, user_id, skill_name, params, code_hash, attempts_left, status, result, consumed_at"
+# The row is still the one the daemon rendered: same user, skill, HMAC and params (jsonb text, so
+# 1 and 1.0 differ). The values come from `_bound_args`.
+_BOUND_TO = "user_id = %s AND skill_name = %s AND code_hash = %s AND params::text = (%s::jsonb)::text"
+
+
+def _bound_args(bound: Approval) -> tuple:
+    return (bound.user_id, bound.skill_name, bound.code_hash, Jsonb(bound.params))
 
 
 def _audit_values(entry: AuditEntry) -> list:
@@ -285,8 +324,10 @@ async def _migrate(conn: psycopg.AsyncConnection) -> None:
 class Store:
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
-    def __init__(self, dsn: str, pool_size: int = POOL_SIZE):
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None):
         self.dsn = dsn
+        self.chain = chain              # None: audit rows cannot be written (nothing is audited unkeyed)
+        self._lost_told = False         # the log's lost rows are logged once per store
         self._size = pool_size
         self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
         self._closing: set[asyncio.Task] = set()
@@ -294,9 +335,12 @@ class Store:
         self._listen_conn: psycopg.AsyncConnection | None = None
 
     @classmethod
-    async def open(cls, dsn: str, pool_size: int = POOL_SIZE) -> "Store":
-        """Connect and bring the schema up to date; raise StoreError when unreachable or too new."""
-        store = cls(dsn, pool_size)
+    async def open(cls, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None) -> "Store":
+        """Connect and bring the schema up to date; raise StoreError when unreachable or too new.
+
+        `chain`: the key and head file audit rows are written with (`AuditChain.derive`).
+        """
+        store = cls(dsn, pool_size, chain)
         try:
             async with store._conn() as conn:
                 await _migrate(conn)
@@ -377,8 +421,57 @@ class Store:
 
     # -- audit ----------------------------------------------------------------------------
     async def audit(self, entry: AuditEntry) -> None:
-        async with self._conn() as conn:
-            await conn.execute(_AUDIT_INSERT, _audit_values(entry))
+        async with self._tx() as conn:
+            head = await self._append(conn, entry)
+        self._advance(head)
+
+    async def _append(self, conn: psycopg.AsyncConnection, entry: AuditEntry) -> Head | None:
+        """Insert `entry` as the chain's next row, inside the caller's transaction; the head to
+        record once it commits (None: the log lost rows the recorded head names; it stays there).
+
+        The advisory lock is held until that transaction ends, so appends from every process form
+        one line, and the previous value is read (in a statement of its own, so its snapshot
+        postdates the lock; pipelined, so no round trip more) only once every earlier append has
+        committed or rolled back. The head on file is read first: it names a row committed before
+        then, which the log must still hold; if not, the head stays put, so that new rows taking
+        the old ids cannot cover the loss up.
+        """
+        if self.chain is None:
+            raise StoreError("no audit chain key: audit rows cannot be written")
+        try:
+            head = auditchain.read_head(self.chain.head)
+        except IasError:
+            head = None                                 # unreadable: replaced by the next head
+        async with conn.pipeline():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
+            cur = await conn.execute(_AUDIT_PREPARE, [*_audit_values(entry), None if head is None else head.id])
+            values = await cur.fetchone()
+        held = values.pop("head_value")
+        row = ChainRow(**values, hash="")
+        row = replace(row, hash=auditchain.seal(self.chain.key, row))
+        await conn.execute(_AUDIT_INSERT, [getattr(row, name) for name in _CHAIN_COLUMNS])
+        if head is not None and held != head.value:
+            if not self._lost_told:
+                log.error("the audit log no longer holds row %d as recorded in %s (rows removed or altered); "
+                          "the head stays there until the log is restored: run `ias audit --verify`",
+                          head.id, self.chain.head)
+                self._lost_told = True
+            return None
+        return Head(row.id, row.hash)
+
+    def _advance(self, head: Head | None) -> None:
+        """Record a committed row as the chain's head outside the database.
+
+        The row is already committed, so a failure here is logged, not raised: the head only
+        lags, and verification still covers every row up to it.
+        """
+        if head is None:
+            return
+        try:
+            auditchain.advance(self.chain.head, head)
+        except (OSError, IasError) as exc:
+            log.error("audit chain head not recorded in %s: %s", self.chain.head,
+                      getattr(exc, "strerror", None) or exc)
 
     async def audit_rows(self, limit: int | None = None) -> list[AuditRow]:
         """The newest `limit` rows (all when None), oldest first."""
@@ -387,12 +480,17 @@ class Store:
                 "SELECT * FROM (SELECT * FROM audit_log ORDER BY id DESC LIMIT %s) r ORDER BY id", (limit,))
             return [AuditRow(**row) for row in await cur.fetchall()]
 
-    async def audit_digests(self) -> list[tuple[int, str, str, str]]:
-        """(id, prev_hash, hash, digest recomputed by the database) for every row, oldest first."""
-        async with self._conn() as conn:
-            cur = await conn.execute(
-                "SELECT id, prev_hash, hash, audit_digest(a) AS digest FROM audit_log a ORDER BY id")
-            return [(r["id"], r["prev_hash"], r["hash"], r["digest"]) for r in await cur.fetchall()]
+    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[list[ChainRow]]:
+        """Every audit row as the chain covers it, oldest first, from one snapshot, `batch` rows at a time.
+
+        Streamed through a server-side cursor (binary, positional rows: verification reads
+        millions), so memory does not grow with the log.
+        """
+        async with self._conn() as conn, conn.transaction():
+            async with conn.cursor(name="audit_chain", row_factory=args_row(ChainRow), binary=True) as cur:
+                await cur.execute(_AUDIT_CHAIN_ROWS)
+                while rows := await cur.fetchmany(batch):
+                    yield rows
 
     async def unfinished_calls(self) -> list[AuditRow]:
         """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares, oldest first."""
@@ -427,9 +525,10 @@ class Store:
                     f"RETURNING {_APPROVAL_FIELDS}",
                     (approval_id, timeout, user_id, skill_name, Jsonb(params), code_hash))
                 row = await cur.fetchone()
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry))
+                head = await self._append(conn, entry)
         except psycopg.errors.UniqueViolation:
             raise StoreError(f"another approval is already pending for {user_id}") from None
+        self._advance(head)
         return _approval(row)
 
     async def approval(self, approval_id: uuid.UUID) -> Approval | None:
@@ -451,25 +550,33 @@ class Store:
         The one thing the SQL decides is written as it decided: an attempt that used up the
         last one leaves the row rejected, and its audit row says approval_rejected.
         """
+        head = None
         async with self._tx() as conn:
             cur = await conn.execute(sql, args)
             row = _approval(await cur.fetchone())
             if row is not None:
                 if row.status == "rejected" and entry.decision == "wrong_code":
                     entry = replace(entry, event="approval_rejected", decision="rejected")
-                await conn.execute(_AUDIT_INSERT, _audit_values(entry))
-            return row
+                head = await self._append(conn, entry)
+        self._advance(head)
+        return row
 
-    async def approve(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
-        """pending → approved, if still pending and unexpired; None when someone else won or it ended."""
+    async def approve(self, bound: Approval, code_hash: str, entry: AuditEntry) -> Approval | None:
+        """pending → approved, if still pending, unexpired and exactly `bound`; None otherwise.
+
+        `bound` is the daemon's own copy of the row (what the owner was shown) and `code_hash`
+        the HMAC of the code the owner sent over it: the row approves only while it holds that
+        user, skill, params and HMAC, checked by the statement that approves it, so a writer who
+        changes the row first, or holds it locked and commits a change meanwhile, wins nothing.
+        """
         return await self._transition(
             f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
-            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (approval_id, user_id), entry)
+            (bound.id, *_bound_args(replace(bound, code_hash=code_hash))), entry)
 
-    async def spend_attempt(self, approval_id: uuid.UUID, user_id: str, entry: AuditEntry) -> Approval | None:
-        """One wrong code: attempts_left - 1, and rejected when none are left.
+    async def spend_attempt(self, bound: Approval, entry: AuditEntry) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left; only while the row is `bound`.
 
         `entry` is the wrong_code audit row; for the last attempt it is written as approval_rejected.
         """
@@ -477,17 +584,34 @@ class Store:
             f"UPDATE pending_approvals SET attempts_left = attempts_left - 1, "
             f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
             f"consumed_at = CASE WHEN attempts_left - 1 <= 0 THEN clock_timestamp() END "
-            f"WHERE id = %s AND user_id = %s AND status = 'pending' AND attempts_left > 0 "
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
             f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (approval_id, user_id), entry)
+            (bound.id, *_bound_args(bound)), entry)
 
-    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry) -> Approval | None:
-        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending."""
+    async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry,
+                             bound: Approval | None = None) -> Approval | None:
+        """pending → rejected (cancel) or expired (timeout, delivery failure, restart), if still pending
+        (and, given the daemon's copy `bound`, still exactly that row)."""
         assert status in ("rejected", "expired")
+        if bound is None:                       # a restart: no copy survives the process that asked
+            return await self._transition(
+                f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
+                f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
+                (status, approval_id), entry)
         return await self._transition(
             f"UPDATE pending_approvals SET status = %s, consumed_at = clock_timestamp() "
-            f"WHERE id = %s AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
-            (status, approval_id), entry)
+            f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' RETURNING {_APPROVAL_FIELDS}",
+            (status, approval_id, *_bound_args(bound)), entry)
+
+    async def close_tampered(self, approval_id: uuid.UUID, entry: AuditEntry) -> None:
+        """Another writer changed (or approved, or deleted) this approval: end it as expired, whatever
+        it says now, and write its `tampered` audit row, together."""
+        async with self._tx() as conn:
+            await conn.execute("UPDATE pending_approvals SET status = 'expired', "
+                               "consumed_at = coalesce(consumed_at, clock_timestamp()) "
+                               "WHERE id = %s AND status IN ('pending', 'approved')", (approval_id,))
+            head = await self._append(conn, entry)
+        self._advance(head)
 
     async def record_result(self, approval_id: uuid.UUID, result: dict) -> None:
         async with self._conn() as conn:
@@ -499,10 +623,10 @@ class Store:
         """Append chat messages (OpenAI message dicts) to the user's history, in order, atomically."""
         if not messages:
             return
-        async with self._tx() as conn:
-            async with conn.cursor() as cur:
-                await cur.executemany("INSERT INTO messages (user_id, message) VALUES (%s, %s)",
-                                      [(user_id, Jsonb(m)) for m in messages])
+        async with self._conn() as conn:       # one statement: a turn may answer thousands of refused calls
+            await conn.execute("INSERT INTO messages (user_id, message) SELECT %s, m "
+                               "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(m, n) ORDER BY n",
+                               (user_id, "[" + ",".join(map(_json_text, messages)) + "]"))
 
     async def recent_messages(self, user_id: str, limit: int) -> list[dict]:
         """The user's newest `limit` messages, oldest first."""

@@ -360,7 +360,8 @@ class Copy:
         sockets = sorted(self.pgdata.glob(".s.PGSQL.*"))
         if not sockets:
             raise AssertionError("the cluster is not running: no socket in the data directory")
-        base = {"host": str(self.pgdata), "port": sockets[0].name.rsplit(".", 1)[1], "user": "postgres"}
+        base = {"host": str(self.pgdata), "port": sockets[0].name.rsplit(".", 1)[1], "user": "postgres",
+                "passfile": str(self.pgdata.with_name("pg.password"))}
         with psycopg.connect(**base, dbname="postgres", autocommit=True) as conn:
             names = [r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname")]
         for dbname in names:

@@ -27,6 +27,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ias.app import App, build
+from ias.auditchain import AuditChain
 from ias.channels.base import Channel
 from ias.config import Config
 from ias.pgcluster import Cluster
@@ -82,6 +83,13 @@ def drop_schema(name: str) -> None:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
+def test_chain(test: unittest.TestCase) -> AuditChain:
+    """A fresh audit chain key, and a head file in a directory removed after `test`."""
+    where = Path(tempfile.mkdtemp(prefix="ias-chain-"))
+    test.addCleanup(shutil.rmtree, where, True)
+    return AuditChain.derive(os.urandom(32), where / "audit.head")
+
+
 class StoreTestCase(unittest.IsolatedAsyncioTestCase):
     """A test with `self.store` on its own fresh schema (schema.sql applied)."""
 
@@ -91,7 +99,8 @@ class StoreTestCase(unittest.IsolatedAsyncioTestCase):
 
     async def asyncSetUp(self) -> None:
         self.dsn, self.schema_name = fresh_schema_dsn()
-        self.store = await Store.open(self.dsn)
+        self.chain = test_chain(self)
+        self.store = await Store.open(self.dsn, chain=self.chain)
 
     async def asyncTearDown(self) -> None:
         await self.store.close()

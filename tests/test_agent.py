@@ -1,13 +1,16 @@
 """The agent with the real `openai` client against a local OpenAI-compatible server."""
 import asyncio
+import hashlib
 import json
 import os
+import time
 import unittest
 from datetime import datetime, timezone
 
 from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, system_prompt
 from ias.channels.console import ConsoleChannel
-from ias.llm import LLM
+from ias.limits import ARGUMENTS_MAX, AUDIT_VALUE_MAX, TOOL_CALLS_MAX
+from ias.llm import LLM, Reply, ToolCall
 from ias.router import NOTHING_PENDING
 from tests.servers.llm import LLMServer, calls, error, text
 from tests.support import REPO, GateTestCase, capture_logs
@@ -153,6 +156,130 @@ class ChatTest(AgentTestCase):
 
     def test_system_prompt_time(self):
         self.assertIn("2026-12-03 07:59", system_prompt(datetime(2026, 12, 2, 23, 59, tzinfo=timezone.utc)))
+
+
+class ScriptedModel:
+    """The model in process (llm's MockModel): replies from a queue; each request kept as the JSON body
+    it would be on the wire, so a test can see what later requests carry."""
+
+    def __init__(self, *replies: Reply):
+        self.replies = list(replies)
+        self.bodies: list[str] = []
+
+    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        self.bodies.append(json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False))
+        return self.replies.pop(0)
+
+    def request(self, index: int) -> list[dict]:
+        return json.loads(self.bodies[index])["messages"]
+
+
+def ask(*calls: tuple[str, dict | str]) -> Reply:
+    """A model reply asking for `calls`, (name, arguments) pairs; arguments may be raw text."""
+    return Reply(None, tuple(ToolCall(f"call_{i}", name, args if isinstance(args, str) else json.dumps(args))
+                             for i, (name, args) in enumerate(calls)))
+
+
+class BoundsTest(AgentTestCase):
+    """SPEC §6.11: what one model response may ask for, and what of it the audit log and history keep."""
+
+    def scripted(self, *replies: Reply) -> ScriptedModel:
+        model = ScriptedModel(*replies)
+        self.use(self.build(llm=model, now=lambda: FIXED_NOW))
+        return model
+
+    def audit_size(self) -> int:
+        return self.sql("SELECT pg_total_relation_size('audit_log')")[0][0]
+
+    def events(self, event: str) -> list[tuple]:
+        return self.sql("SELECT skill_name, decision, params, detail FROM audit_log WHERE event = %s ORDER BY id",
+                        (event,))
+
+    async def test_ten_thousand_calls_run_sixteen(self):
+        model = self.scripted(ask(*(("echo_low", {"text": str(i)}) for i in range(10_000))), Reply("done", ()))
+        started = time.monotonic()
+        self.assertEqual(await self.agent.turn("owner", "flood", None), "done")
+        self.assertLess(time.monotonic() - started, 10.0)      # ~1 s on an idle machine; 10,000 runs took 42 s
+        tools = [m for m in model.request(1) if m["role"] == "tool"]
+        self.assertEqual(len(tools), 10_000)
+        self.assertEqual([t["tool_call_id"] for t in tools], [f"call_{i}" for i in range(10_000)])
+        self.assertEqual([json.loads(t["content"]) for t in tools[:TOOL_CALLS_MAX]],
+                         [{"success": True, "output": str(i)} for i in range(TOOL_CALLS_MAX)])
+        refusal = json.dumps({"success": False, "error": "单次调用过多，未执行：echo_low"}, ensure_ascii=False)
+        self.assertEqual({t["content"] for t in tools[TOOL_CALLS_MAX:]}, {refusal})
+        self.assertEqual(len(self.events("skill_started")), TOOL_CALLS_MAX)
+        [(_, decision, _, detail)] = self.events("skill_refused")
+        self.assertEqual(decision, "too_many_calls")
+        self.assertTrue(detail.startswith("9984 tool calls past the first 16"), detail)
+        # The history keeps the refused calls' ids and names, not their arguments.
+        [assistant] = [m for m in model.request(1) if m.get("tool_calls")]
+        self.assertEqual(len(assistant["tool_calls"]), 10_000)
+        self.assertEqual({c["function"]["arguments"] for c in assistant["tool_calls"][TOOL_CALLS_MAX:]}, {"{}"})
+        self.assertEqual(assistant["tool_calls"][15]["function"]["arguments"], json.dumps({"text": "15"}))
+
+    async def test_huge_arguments_reach_neither_the_audit_log_nor_later_requests(self):
+        huge = "x" * (20 << 20)
+        model = self.scripted(ask(("echo_low", {"text": huge}), ("mark_high", {"marker": huge})), Reply("ok", ()),
+                              Reply("next", ()))
+        before = self.audit_size()
+        self.assertEqual(await self.agent.turn("owner", "big", self.owner.notify), "ok")
+        self.assertEqual([json.loads(m["content"]) for m in model.request(1) if m["role"] == "tool"],
+                         [{"success": False, "error": "参数过长：echo_low"},
+                          {"success": False, "error": "参数过长：mark_high"}])
+        self.assertEqual(self.owner.messages, [])           # no approval asked
+        self.assertEqual(self.events("skill_started"), [])
+        self.assertEqual([(name, decision) for name, decision, *_ in self.events("skill_refused")],
+                         [("echo_low", "arguments_too_long"), ("mark_high", "arguments_too_long")])
+        self.assertLess(self.audit_size() - before, 64 * 1024)
+        self.assertEqual(await self.agent.turn("owner", "and now?", None), "next")
+        for body in model.bodies[1:]:
+            self.assertLess(len(body), 64 * 1024)
+        [assistant] = [m for m in model.request(2) if m.get("tool_calls")]
+        for call in assistant["tool_calls"]:
+            self.assertEqual(json.loads(call["function"]["arguments"]),
+                             {"_omitted": f"参数过长，未保存（{len(json.dumps({'text': huge}))} 字节）"}
+                             if call["function"]["name"] == "echo_low" else
+                             {"_omitted": f"参数过长，未保存（{len(json.dumps({'marker': huge}))} 字节）"})
+        self.assertLess(self.sql("SELECT pg_total_relation_size('messages')")[0][0], 1 << 20)
+
+    async def test_arguments_at_the_limit_are_validated_past_it_refused(self):
+        pad = ARGUMENTS_MAX - len(json.dumps({"text": ""}))
+        model = self.scripted(ask(("echo_low", json.dumps({"text": "y" * pad})),
+                                  ("echo_low", json.dumps({"text": "y" * (pad + 1)}))), Reply("ok", ()))
+        await self.agent.turn("owner", "edge", None)
+        first, second = (json.loads(m["content"]) for m in model.request(1) if m["role"] == "tool")
+        self.assertTrue(first["success"], first)
+        self.assertEqual(second, {"success": False, "error": "参数过长：echo_low"})
+
+    async def test_a_long_value_is_audited_as_prefix_and_hash_and_runs_whole(self):
+        value = "日" * 1800 + "end"                         # 5,403 bytes of UTF-8
+        model = self.scripted(ask(("echo_low", {"text": value})), Reply("ok", ()))
+        await self.agent.turn("owner", "long", None)
+        [tool] = [m for m in model.request(1) if m["role"] == "tool"]
+        self.assertEqual(json.loads(tool["content"]), {"success": True, "output": value})   # the skill got it all
+        [(_, _, params, _)] = self.events("skill_started")
+        stored = params["text"]
+        data = value.encode()
+        tail = f"…[truncated, sha256={hashlib.sha256(data).hexdigest()}, {len(data)} bytes]"
+        self.assertTrue(stored.endswith(tail), stored[-120:])
+        self.assertTrue(value.startswith(stored[:-len(tail)]))
+        self.assertGreater(len(stored[:-len(tail)]), 1200)
+        self.assertLessEqual(len(stored.encode()), AUDIT_VALUE_MAX)
+
+    async def test_run_command_refuses_long_arguments(self):
+        out = await self.agent.turn("owner", '/run echo_low {"text": "' + "z" * ARGUMENTS_MAX + '"}', None)
+        self.assertEqual(json.loads(out), {"success": False, "error": "参数过长：echo_low"})
+        self.assertEqual(self.events("skill_started"), [])
+
+    async def test_over_the_wire(self):
+        """The real client: 20 calls in one response run 16; a 100 KiB argument is gone from the next request."""
+        self.server.script(calls(*(("echo_low", {"text": str(i)}) for i in range(20)),
+                                 ("echo_low", {"text": "w" * (100 << 10)})), text("ok"))
+        self.assertEqual(await self.agent.turn("owner", "wire", None), "ok")
+        contents = [json.loads(t["content"]) for t in self.tool_messages()]
+        self.assertEqual(contents[:16], [{"success": True, "output": str(i)} for i in range(16)])
+        self.assertEqual(contents[16:], [{"success": False, "error": "单次调用过多，未执行：echo_low"}] * 5)
+        self.assertLess(len(self.server.raw[1]), 64 * 1024)
 
 
 class ApprovalThroughConsoleTest(AgentTestCase):

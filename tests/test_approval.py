@@ -10,6 +10,7 @@ import sys
 import tempfile
 import unittest
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from ias import approval
@@ -19,6 +20,26 @@ from ias.store import AuditEntry
 from tests import test_agent
 from tests.servers.llm import calls, text
 from tests.support import CODE_LINE, REPO, FakeOwner, GateTestCase, StoreTestCase, capture_logs
+
+def unescape(shown: str) -> str:
+    """Read an escaped text back, as an owner would: the test's proof that the escaping is unambiguous."""
+    out, i = [], 0
+    while i < len(shown):
+        if shown[i] == "\\" and i + 1 < len(shown):
+            nxt = shown[i + 1]
+            if nxt in "\\ntr":
+                out.append({"\\": "\\", "n": "\n", "t": "\t", "r": "\r"}[nxt])
+                i += 2
+                continue
+            if nxt == "u" and shown.startswith("{", i + 2):
+                end = shown.index("}", i)
+                out.append(chr(int(shown[i + 3:end], 16)))
+                i = end + 1
+                continue
+        out.append(shown[i])
+        i += 1
+    return "".join(out)
+
 
 REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"}
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
@@ -46,50 +67,89 @@ class ReplyGrammarTest(unittest.TestCase):
         self.assertTrue(any(c.startswith("0") for c in codes))
 
     def test_escape_visible(self):
-        self.assertEqual(escape_visible("a\nb\tc\u202ed\u200be\x00"), "a\\nb\\tc\\u202ed\\u200be\\u0000")
-        self.assertEqual(escape_visible("rm -rf ~/照片"), "rm -rf ~/照片")
+        self.assertEqual(escape_visible("a\nb\tc\u202ed\u200be\x00"),
+                         ("a\\nb\\tc\\u{202e}d\\u{200b}e\\u{0000}", True))
+        self.assertEqual(escape_visible("rm -rf ~/照片"), ("rm -rf ~/照片", False))
+        self.assertEqual(escape_visible("发送“周报”到《项目》群：好的，谢谢！……——〇·【急】￥5"),
+                         ("发送“周报”到《项目》群：好的，谢谢！……——〇·【急】￥5", False))
+        self.assertEqual(escape_visible("𠀀𪜀𫝀𫠠𬺰\U00030000\uf900\U0002f800"),       # ideographs of every extension
+                         ("𠀀𪜀𫝀𫠠𬺰\U00030000\uf900\U0002f800", False))
+
+    def test_look_alikes_are_escaped(self):
+        """The allow-list: a Cyrillic а in a host name reads as an escape, and the line gets marked."""
+        self.assertEqual(escape_visible("https://r\u0430w.githubusercontent.com/x"),
+                         ("https://r\\u{0430}w.githubusercontent.com/x", True))
+        for char in ("\u03bf", "\u0430", "\u0456", "\u13a0", "\u2013", "\u2212", "\uff41", "\uff11", "\u2f00",
+                     "\u2e80", "\u3021", "\uff3c", "\uff61", "\u00e9", "\u0301", "\u302a", "\U0001d400",
+                     "\U0001f600", "\u2024", "\u0378", "\U000e0080"):
+            with self.subTest(char=hex(ord(char))):
+                self.assertEqual(escape_visible(f"a{char}b"), (f"a\\u{{{ord(char):04x}}}b", True))
 
     def test_blank_looking_characters_are_escaped(self):
         for char in ("\u3000", "\u115f", "\u1160", "\u3164", "\uffa0", "\u2800", "\u00a0", "\u2007", "\u202f",
                      "\u205f", "\u1680", "\u200b", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u061c", "\u2028",
                      "\u2029", "\u202e", "\u2066", "\u180e", "\ufe0f", "\U000e0041", "\U000e0100", "\u034f",
-                     "\u17b4", "\u303f", "\ue000", "\U000f0000", "\x85", "\x7f", "\udc80"):
+                     "\u17b4", "\u303f", "\ue000", "\U000f0000", "\x85", "\x7f", "\udc80", "\U0001d159",
+                     "\U00016fe4", "\U0001da7f", "\U0001d173", "\u2062", "\U000e0001", "\u3164", "\u1cbb"):
             with self.subTest(char=hex(ord(char))):
-                shown = escape_visible(f"ls{char}x")
+                shown, special = escape_visible(f"ls{char}x")
                 self.assertNotIn(char, shown)
-                self.assertRegex(shown, r"^ls\\[uU][0-9a-f]{4,8}x$")
+                self.assertRegex(shown, r"^ls\\u\{[0-9a-f]{4,6}\}x$")
+                self.assertTrue(special)
 
-    def test_combining_marks_runs_and_space_padding(self):
-        self.assertEqual(escape_visible("café"), "café")                  # e + U+0301 on its base: as is
-        self.assertEqual(escape_visible("ệ"), "ệ")                  # two marks: as is
-        zalgo = "a" + "\u0301\u0302\u0303\u0304\u0305"
-        self.assertEqual(escape_visible(zalgo), "a\\u0301\\u0302\\u0303\\u0304\\u0305")
-        self.assertEqual(escape_visible("\u0301x"), "\\u0301x")            # no base to sit on
-        self.assertEqual(escape_visible("a" + " " * 8 + "b"), "a" + " " * 8 + "b")
-        self.assertEqual(escape_visible("a" + " " * 9 + "b"), "a" + "\\u0020" * 9 + "b")
+    def test_spaces_show_as_they_are_only_inside_and_in_short_runs(self):
+        self.assertEqual(escape_visible("a" + " " * 8 + "b"), ("a" + " " * 8 + "b", False))
+        self.assertEqual(escape_visible("a" + " " * 9 + "b"), ("a" + "\\u{0020}" * 9 + "b", True))
+        self.assertEqual(escape_visible(" /tmp/x "), ("\\u{0020}/tmp/x\\u{0020}", True))     # invisible at the ends
+        self.assertEqual(escape_visible(""), ("", False))
 
     def test_backslashes_that_read_as_escapes_are_doubled(self):
-        self.assertEqual(escape_visible("a\\nb"), "a\\\\nb")                 # a real backslash-n, not a newline
-        self.assertEqual(escape_visible("\\u202e"), "\\\\u202e")
-        self.assertEqual(escape_visible("C:\\Program Files\\x"), "C:\\Program Files\\x")
-        self.assertNotEqual(escape_visible("a\\nb"), escape_visible("a\nb"))
+        self.assertEqual(escape_visible("a\\nb"), ("a\\\\nb", False))           # a real backslash-n, not a newline
+        self.assertEqual(escape_visible("\\u{202e}"), ("\\\\u{202e}", False))
+        self.assertEqual(escape_visible("C:\\Program Files\\x"), ("C:\\Program Files\\x", False))
+        self.assertEqual(escape_visible("a\\"), ("a\\", False))
+        for one, other in (("a\\nb", "a\nb"), ("\\\n", "\\n"), ("\\\\n", "\\\n"), ("\\\u0430", "\\u{0430}")):
+            self.assertNotEqual(escape_visible(one)[0], escape_visible(other)[0], (one, other))
+        for text in ("a\\nb", "\\\n", "\\\\n", "\\\u0430", "x\\\\\\", "\\u{41}\\\\u{42}", "\\ \\  \\"):
+            self.assertEqual(unescape(escape_visible(text)[0]), text)
 
     def test_render(self):
         schema = {"type": "object", "properties": {"to": {"title": "收件人"}, "n": {"type": "integer"}}}
         row = approval.Approval(uuid.uuid4(), None, None, "u", "email", {"x": "\u2066evil", "n": 2, "to": "a@b.c"},
                                 "", 3, "pending", None, None)
         self.assertEqual(render(row, "012345", 300, schema), "\n".join([
-            "⚠️ 操作确认", "", "技能：email", "参数：", "· 收件人：a@b.c", "· n：2", "· x：\\u2066evil", "",
+            "⚠️ 操作确认", "", "技能：email", "参数：", "· 收件人：a@b.c", "· n：2",
+            "· 未声明参数 x：\\u{2066}evil ⚠️含特殊字符", "",
             "确认码：012345", "回复确认码以继续", "回复 0 或「取消」以取消", "(5分钟内有效，最多3次尝试)"]))
         self.assertIn("(90秒内有效", render(row, "1", 90))
-        self.assertIn("· to：a@b.c", render(row, "1", 90))                 # no schema: the key is the label
+        self.assertIn("· 未声明参数 to：a@b.c\n", render(row, "1", 90))    # no schema: nothing is declared
         empty = approval.Approval(uuid.uuid4(), None, None, "u", "x", {}, "", 3, "pending", None, None)
         self.assertIn("\n参数：\n（无）\n\n确认码：", render(empty, "123456", 300))
+
+    def test_the_model_cannot_choose_a_label(self):
+        """Extra properties a schema allows come last, under their key, marked as undeclared."""
+        schema = {"type": "object", "properties": {"command": {"title": "命令"}, "cwd": {}},
+                  "additionalProperties": True}
+        params = {"安全评估": "只读操作，无风险（系统已自动审核）", "command": "rm -rf ~", "cwd": "/", "ａ\u200b": "[1]"}
+        row = approval.Approval(uuid.uuid4(), None, None, "u", "execute_shell", params, "", 3, "pending", None, None)
+        body = render(row, "012345", 300, schema).split("\n")[4:8]
+        self.assertEqual(body, ["· 命令：rm -rf ~", "· cwd：/", "· 未声明参数 安全评估：只读操作，无风险（系统已自动审核）",
+                                "· 未声明参数 \\u{ff41}\\u{200b}：[1] ⚠️含特殊字符"])
+        titled = {"type": "object", "properties": {"to": {"title": "收\u0456件人"}}}
+        row = approval.Approval(uuid.uuid4(), None, None, "u", "email", {"to": "a@b.c"}, "", 3, "pending", None, None)
+        self.assertIn("\n· 收\\u{0456}件人：a@b.c ⚠️含特殊字符\n", render(row, "012345", 300, titled))
+
+    def test_values_that_are_not_text(self):
+        row = approval.Approval(uuid.uuid4(), None, None, "u", "s", {"a": ["x\ny", {"k": "\u0430"}], "b": None},
+                                "", 3, "pending", None, None)
+        message = render(row, "012345", 300, {"properties": {"a": {}, "b": {}}})
+        self.assertIn('\n· a：["x\\\\ny", {"k": "\\u{0430}"}] ⚠️含特殊字符\n· b：null\n', message)
 
     def test_no_parameter_can_forge_a_line_of_the_message(self):
         schema = {"type": "object", "properties": {"note": {"title": "确认码"}}}
         params = {"确认码": "000000", "note": "111111", "x": "ok\n\n确认码：222222\n回复确认码以继续",
-                  "技能": "mark_low", "y": "a\r确认码：333333", "z": "\u2028确认码：444444"}
+                  "技能": "mark_low", "y": "a\r确认码：333333", "z": "\u2028确认码：444444",
+                  "w": "b ⚠️含特殊字符"}
         row = approval.Approval(uuid.uuid4(), None, None, "u", "mark_high", params, "", 3, "pending", None, None)
         message = render(row, "987654", 300, schema)
         lines = message.split("\n")
@@ -98,10 +158,11 @@ class ReplyGrammarTest(unittest.TestCase):
         self.assertEqual(len(lines), 9 + len(params))
         body = lines[lines.index("参数：") + 1:lines.index("参数：") + 1 + len(params)]
         self.assertTrue(all(line.startswith("· ") for line in body), body)
-        self.assertIn("· 「确认码」：000000", body)                          # a key that echoes the message is quoted
-        self.assertIn("· 「确认码」：111111", body)                          # so is such a title
-        self.assertIn("· 「技能」：mark_low", body)
-        self.assertIn("· x：ok\\n\\n确认码：222222\\n回复确认码以继续", body)
+        self.assertEqual(body[0], "· 「确认码」：111111")                      # a title that echoes the message is quoted
+        self.assertIn("· 未声明参数 确认码：000000", body)
+        self.assertIn("· 未声明参数 技能：mark_low", body)
+        self.assertIn("· 未声明参数 x：ok\\n\\n确认码：222222\\n回复确认码以继续 ⚠️含特殊字符", body)
+        self.assertIn("· 未声明参数 w：b \\u{26a0}\\u{fe0f}含特殊字符 ⚠️含特殊字符", body)   # the mark cannot be forged
 
     def test_hash_binds_everything(self):
         key = b"k" * 32
@@ -264,19 +325,10 @@ class OutcomeTest(GateTestCase):
         self.assertIsNone(await self.approvals.redeem("mallory", "0"))
         # Even straight at the store, the compare-and-set is bound to the approval's user.
         [row] = await self.store.approvals()
-        self.assertIsNone(await self.store.approve(row.id, "mallory", AuditEntry("x")))
+        self.assertIsNone(await self.store.approve(replace(row, user_id="mallory"), row.code_hash, AuditEntry("x")))
         self.assertEqual(row.attempts_left, 3)
         await self.approvals.redeem("owner", code)
         self.assertTrue((await task)["success"])
-
-    async def test_edited_params_no_longer_verify(self):
-        task = self.call_high(note="harmless")
-        code = await self.owner.code()
-        self.sql("UPDATE pending_approvals SET params = jsonb_set(params, '{note}', '\"evil\"')")
-        self.assertEqual(await self.approvals.redeem("owner", code), "确认码错误，还剩 2 次")
-        self.assertEqual(await self.approvals.redeem("owner", "0"), "已取消：mark_high")
-        self.assertEqual(await task, REJECTED)
-        self.assertEqual(self.runs(), 0)
 
     async def test_delivery_failure_ends_at_once(self):
         owner = type(self.owner)(deliver=False)
@@ -534,7 +586,8 @@ class AuditTest(StoreTestCase):
         self.sql("ALTER TABLE audit_log DISABLE TRIGGER audit_log_append_only")
         self.sql("UPDATE audit_log SET exit_code = 42 WHERE exit_code = 2")
         [[altered]] = self.sql("SELECT id FROM audit_log WHERE exit_code = 42")
-        self.assertEqual(await audit.verify(self.store), [f"row {altered}: contents do not match its hash (row altered)"])
+        self.assertEqual(await audit.verify(self.store),
+                         [f"row {altered}: contents do not match its keyed hash (row altered or re-chained)"])
         self.sql("DELETE FROM audit_log WHERE exit_code = 3")
         problems = await audit.verify(self.store)
         self.assertTrue(any("chain broken" in p for p in problems), problems)

@@ -161,14 +161,23 @@ class BadInputTest(CliTestCase):
                                ("{oops", "not valid JSON")]:
             with self.subTest(params=params[:20]):
                 self.assert_one_line(self.ias("run", "get_current_datetime", params), 2, needle)
-        # The same text in a /run message (as from WeChat or the model) is an invalid call, not a crash.
-        for params, why in [("[" * 100_000, "nested deeper than 64 levels"),
-                            ('{"n": ' + "9" * 5000 + "}", "number with more than 100 digits")]:
+        # The same text in a /run message (as from WeChat or the model) is an invalid call, not a crash;
+        # past 64 KiB it is refused before it is even parsed.
+        for params, error in [("[" * 10_000, "参数错误：$: arguments are not valid JSON (nested deeper than 64 levels)"),
+                              ('{"n": ' + "9" * 5000 + "}",
+                               "参数错误：$: arguments are not valid JSON (number with more than 100 digits)"),
+                              ("[" * 100_000, "参数过长：get_current_datetime")]:
             once = self.ias("--once", f"/run get_current_datetime {params}")
             self.assertEqual((once.returncode, once.stderr), (0, ""))
-            self.assertEqual(json.loads(once.stdout)["error"], f"参数错误：$: arguments are not valid JSON ({why})")
+            self.assertEqual(json.loads(once.stdout)["error"], error)
         deep = self.ias("run", "get_current_datetime", "[" * 600 + "]" * 600)     # well-formed, but deeper than allowed
         self.assert_one_line(deep, 2, "nested deeper than 64 levels")
+
+    def test_bad_mail_settings(self):
+        self.env.update(IAS_NOTIFY_EMAIL="me@example.com", IAS_SMTP_HOST="smtp.qq.com", IAS_SMTP_PORT="abc")
+        self.assert_one_line(self.ias("doctor"), 1, "IAS_SMTP_PORT must be a port number")
+        self.env.update(IAS_SMTP_PORT="465", IAS_SMTP_SSL="tls")
+        self.assert_one_line(self.ias("--once", "/help"), 1, "IAS_SMTP_SSL must be ssl, starttls or none")
 
     def test_junk_database_url(self):
         for url, needle in [("junk", 'invalid database connection string: missing "=" after "junk"'),

@@ -147,3 +147,39 @@ class DeliverySettingsTest(unittest.TestCase):
         with self.assertRaises(ConfigError) as caught:
             load(self.toml, environ={})
         self.assertIn("IAS_NOTIFY_WEBHOOK_TOKEN", str(caught.exception))
+
+
+class MailSettingsTest(unittest.TestCase):
+    """IAS_SMTP_* and IAS_IMAP_* are checked at load by the email skill's rules: one line naming the variable."""
+
+    def test_bad_values_are_one_clear_error(self):
+        for environ, words in (({"IAS_SMTP_HOST": "smtp.qq.com", "IAS_SMTP_PORT": "abc"}, "IAS_SMTP_PORT must be a port"),
+                               ({"IAS_SMTP_PORT": "70000"}, "IAS_SMTP_PORT must be a port"),
+                               ({"IAS_SMTP_HOST": "smtp.qq.com", "IAS_SMTP_SSL": "tls"}, "IAS_SMTP_SSL must be ssl, "
+                                                                                        "starttls or none, got 'tls'"),
+                               ({"IAS_IMAP_HOST": "imap.qq.com", "IAS_IMAP_SSL": "plain"}, "IAS_IMAP_SSL must be"),
+                               ({"IAS_IMAP_HOST": "imap.qq.com", "IAS_IMAP_PORT": "１４３"}, "IAS_IMAP_PORT"),
+                               ({"IAS_SMTP_HOST": "smtp.qq.com", "IAS_SMTP_USER": "me@qq.com"}, "IAS_SMTP_PASSWORD"),
+                               ({"IAS_SMTP_HOST": "mail.example.com", "IAS_SMTP_SSL": "none",
+                                 "IAS_SMTP_USER": "me", "IAS_SMTP_PASSWORD": "pw"}, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1")):
+            with self.subTest(environ=environ), self.assertRaises(ConfigError) as caught:
+                load(environ=environ)
+            self.assertIn(words, str(caught.exception))
+            self.assertEqual(len(str(caught.exception).splitlines()), 1)
+            self.assertNotIn("pw", str(caught.exception).replace("PASSWORD", ""))
+
+    def test_parsed_values(self):
+        config = load(environ={"IAS_SMTP_HOST": " smtp.qq.com ", "IAS_SMTP_USER": "me@qq.com",
+                               "IAS_SMTP_PASSWORD": "code", "IAS_IMAP_HOST": "127.0.0.1", "IAS_IMAP_SSL": "NONE",
+                               "IAS_IMAP_USER": "me", "IAS_IMAP_PASSWORD": "pw"})
+        smtp, imap = config.smtp, config.imap
+        self.assertEqual((smtp.host, smtp.port, smtp.mode, smtp.user, smtp.password),
+                         ("smtp.qq.com", 465, "ssl", "me@qq.com", "code"))
+        self.assertEqual((imap.host, imap.port, imap.mode), ("127.0.0.1", 143, "none"))     # plain, but loopback
+        self.assertNotIn("code", repr(config))
+        self.assertEqual(load(environ={"IAS_SMTP_HOST": "h", "IAS_SMTP_SSL": "starttls"}).smtp.port, 587)
+        self.assertEqual(load(environ={"IAS_SMTP_HOST": "h", "IAS_SMTP_PORT": "2525"}).smtp.port, 2525)
+        relay = load(environ={"IAS_SMTP_HOST": "10.0.0.5", "IAS_SMTP_SSL": "none", "IAS_SMTP_USER": "me",
+                              "IAS_SMTP_PASSWORD": "pw", "IAS_SMTP_ALLOW_PLAIN_LOGIN": "1"}).smtp
+        self.assertEqual((relay.port, relay.mode), (25, "none"))
+        self.assertEqual((load(environ={}).smtp, load(environ={"IAS_SMTP_SSL": "starttls"}).smtp), (None, None))

@@ -2,9 +2,12 @@
 
 Keys, titles and values come from nasty alphabets (every Unicode category, runs of combining
 marks, line breaks, forged `确认码：000000` lines, huge values). Whatever comes in, the message
-has exactly one line starting `确认码：`, every parameter line starts with "· ", no raw invisible
-or blank-looking character, and it either fits one WeChat message or the call is refused.
+has exactly one line starting `确认码：`, every parameter line starts with "· ", shows only
+allow-listed characters (the test's own copy of the list), is marked ` ⚠️含特殊字符` exactly when
+its label or value holds anything else, and the message either fits one WeChat message or the
+call is refused. Every escaped text reads back to exactly the text it came from.
 """
+import json
 import random
 import sys
 import unicodedata
@@ -12,8 +15,9 @@ import unittest
 import uuid
 
 from ias import approval
-from ias.approval import BLANK_LOOKING, fits, render
-from ias.limits import MARKS_RUN_MAX, WECHAT_TEXT_MAX
+from ias.approval import escape_visible, fits, render
+from ias.limits import SPACES_RUN_MAX, WECHAT_TEXT_MAX
+from tests.test_approval import unescape
 
 SEEDS = (1, 7, 42, 2026)
 CASES_PER_SEED = 300
@@ -23,16 +27,19 @@ def _by_category() -> dict[str, list[str]]:
     """A sample of code points from every general category (every 7th, plus all below U+0800)."""
     found: dict[str, list[str]] = {}
     for cp in range(sys.maxunicode + 1):
-        if cp < 0x800 or cp % 7 == 0 or cp in BLANK_LOOKING:
+        if cp < 0x800 or cp % 7 == 0 or cp in BLANK_LOOKING or 0x3000 <= cp < 0x3100 or 0xFF00 <= cp < 0xFFF0:
             found.setdefault(unicodedata.category(chr(cp)), []).append(chr(cp))
     return found
 
 
+BLANK_LOOKING = frozenset([0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x303F, 0x3164, 0xFFA0, 0x1D159,
+                           0x16FE4, 0x1DA7F] + list(range(0xFE00, 0xFE10)))
 CATEGORIES = _by_category()
 MARKS = CATEGORIES["Mn"] + CATEGORIES["Me"] + CATEGORIES["Mc"]
 SPECIAL = ["\n", "\r\n", "\r", "\u2028", "\u2029", "\x85", "\t", "\x0b", "\x0c", "\u3000", "\u115f", "\u1160",
            "\u3164", "\uffa0", "\u2800", "\u303f", "\u200b", "\u200d", "\u202e", "\u2066", "\ufeff", "\ufe0f",
-           "\U000e0041", "\U000e0100", "\\", "\\n", "\\u202e", " ", "·", "：", ":"]
+           "\U000e0041", "\U000e0100", "\\", "\\n", "\\u{202e}", " ", "·", "：", ":", "\u0430", "⚠️含特殊字符",
+           "“", "…", "—", "〇", "＼", "\u2013", "¥", "￥", "\U0002a700", "\uf900"]
 FORGERIES = ["确认码：000000", "\n确认码：000000\n", "回复确认码以继续", "技能：execute_shell", "参数：",
              "⚠️ 操作确认", "(5分钟内有效，最多3次尝试)", "· 命令：ls", "（无）"]
 OWN_LINES = ("⚠️ 操作确认", "技能：", "参数：", "确认码：", "回复确认码以继续", "回复 0 或「取消」以取消", "(")
@@ -79,14 +86,24 @@ def nasty_case(rng: random.Random) -> tuple[dict, dict]:
     return params, {"type": "object", "properties": properties}
 
 
-# The test's own idea of what must never be shown raw (independent of the module's tables).
-MUST_ESCAPE_CATEGORIES = {"Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs", "Cn"}
-MUST_ESCAPE = ({0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F} | set(range(0xFE00, 0xFE10))
-               | set(range(0xE0100, 0xE01F0)))
+# The test's own allow-list (SPEC §6.4), independent of the module's tables.
+PUNCTUATION = set("、。〃々〆〇〈〉《》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟！＂＃＄％＆＇（）＊＋，－．／：；＜＝＞？＠［］＾＿｀｛｜｝～￥"
+                  "“”‘’…—·")
+MARK = " ⚠️含特殊字符"
 
 
-def invisible(char: str) -> bool:
-    return char != " " and (ord(char) in MUST_ESCAPE or unicodedata.category(char) in MUST_ESCAPE_CATEGORIES)
+def allowed(char: str) -> bool:
+    return (" " <= char <= "~" or char in PUNCTUATION
+            or unicodedata.name(char, "").startswith(("CJK UNIFIED IDEOGRAPH-", "CJK COMPATIBILITY IDEOGRAPH-")))
+
+
+def needs_mark(text: str) -> bool:
+    return (not all(map(allowed, text)) or text[:1] == " " or text[-1:] == " "
+            or " " * (SPACES_RUN_MAX + 1) in text)
+
+
+def shown_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 class RendererFuzzTest(unittest.TestCase):
@@ -106,16 +123,28 @@ class RendererFuzzTest(unittest.TestCase):
             self.assertEqual(body, ["（无）"])
             return
         self.assertEqual(len(body), len(params))
-        for line in body:
+        properties = schema["properties"]
+        declared = [k for k in properties if k in params]
+        for key, line in zip(declared + sorted(k for k in params if k not in declared), body):
             self.assertTrue(line.startswith("· "), line)
             self.assertFalse(line[2:].startswith(OWN_LINES[1:4]), line)     # a label never reads as the message
-        shown = "\n".join(lines[1:])             # the header's own U+FE0F aside
-        raw = [hex(ord(c)) for c in shown if c != "\n" and invisible(c)]
-        self.assertEqual(raw, [], message)
-        run = 0                 # no run of more than MARKS_RUN_MAX combining marks is shown raw
-        for char in shown:
-            run = run + 1 if unicodedata.category(char) in ("Mn", "Me", "Mc") else 0
-            self.assertLessEqual(run, MARKS_RUN_MAX)
+            title = properties.get(key, {}).get("title")
+            label = title.strip() if key in declared and isinstance(title, str) and title.strip() else key
+            if key not in declared:
+                self.assertTrue(line.startswith("· 未声明参数 "), line)
+            marked = line.endswith(MARK)
+            self.assertEqual(marked, needs_mark(label) or needs_mark(shown_text(params[key])), line)
+            text = line[:-len(MARK)] if marked else line
+            self.assertEqual([hex(ord(c)) for c in text if not allowed(c)], [], line)
+
+    def test_escaped_text_reads_back_exactly(self):
+        rng = random.Random(5)
+        for _ in range(2000):
+            text = nasty_text(rng, rng.choice((1, 5, 20, 80)))
+            shown, special = escape_visible(text)
+            self.assertEqual(unescape(shown), text)
+            self.assertEqual(special, needs_mark(text), text)
+            self.assertTrue(all(map(allowed, shown)), shown)
 
     def test_random_parameters(self):
         asked = refused = 0

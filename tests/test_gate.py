@@ -1,21 +1,27 @@
 """The gate's finish path: a started run's end is always recorded — cancelled, refused by the store,
-or interrupted by a process that died (recorded at the next start)."""
+or interrupted by a process that died (recorded at the next start). And the bounds on what a call
+may bring (SPEC §6.11): arguments past 64 KiB refused on every path, audit params bounded."""
 import asyncio
+import hashlib
+import json
 import os
 import shutil
 import signal
 import tempfile
 import time
+import unittest
 import uuid
 from pathlib import Path
 
 from ias.approval import Approvals
+from ias.audit import REDACTED, redact
+from ias.limits import ARGUMENTS_MAX, AUDIT_KEY_MAX, AUDIT_VALUE_MAX
 from ias.gate import NOT_SAVED, Gate
 from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
 from ias.store import Store
-from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, until, with_env
+from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env
 from tests.test_runner import running
 
 
@@ -73,7 +79,7 @@ class FinishTest(GateTestCase):
         os.chmod(root, 0o755)
         self.addCleanup(shutil.rmtree, root, True)
         cluster = Cluster(root / "pg", fsync=False)
-        store = await Store.open(cluster.start())
+        store = await Store.open(cluster.start(), chain=test_chain(self))
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
         other = self.build(store=store)
@@ -99,3 +105,103 @@ class FinishTest(GateTestCase):
         self.assertEqual(self.sql("SELECT decision, approval_id, detail FROM audit_log WHERE event = 'skill_interrupted'"),
                          [("interrupted", approval, dead)])
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], interrupted("nap_high"))
+
+
+def cut(value: str, data: bytes) -> str:
+    """The audit form of a value whose measured text is `data`: check its tail, return its prefix."""
+    tail = f"…[truncated, sha256={hashlib.sha256(data).hexdigest()}, {len(data)} bytes]"
+    assert value.endswith(tail), value[-120:]
+    return value[:-len(tail)]
+
+
+class ArgumentsBoundTest(GateTestCase):
+    """Arguments past ARGUMENTS_MAX as JSON text: refused before validation, whoever calls (`/run` text,
+    `ias run` an object), with one small audit row and no approval asked."""
+
+    def refused_rows(self) -> list[tuple]:
+        return self.sql("SELECT skill_name, decision, params, detail FROM audit_log WHERE event = 'skill_refused'")
+
+    async def test_an_object_past_the_limit_asks_no_approval(self):
+        marker = "m" * ARGUMENTS_MAX                       # what `ias run` passes: an object
+        result = await self.gate.call("owner", "mark_high", {"marker": marker}, self.owner.notify)
+        self.assertEqual(result, {"success": False, "error": "参数过长：mark_high"})
+        self.assertEqual(self.owner.messages, [])
+        self.assertEqual(self.sql("SELECT count(*) FROM pending_approvals")[0][0], 0)
+        size = len(json.dumps({"marker": marker}, separators=(",", ":")))
+        self.assertEqual(self.refused_rows(),
+                         [("mark_high", "arguments_too_long", None, f"arguments of {size} bytes (limit {ARGUMENTS_MAX})")])
+        self.assertEqual(self.runs(), 0)
+
+    async def test_bytes_not_characters_and_before_validation(self):
+        wide = json.dumps({"text": "日" * (ARGUMENTS_MAX // 3)}, ensure_ascii=False)    # fewer characters than the limit
+        self.assertLess(len(wide), ARGUMENTS_MAX)
+        self.assertEqual(await self.gate.call("owner", "echo_low", wide),
+                         {"success": False, "error": "参数过长：echo_low"})
+        junk = "{" * (ARGUMENTS_MAX + 1)                   # neither valid JSON nor nested within limits: not parsed
+        self.assertEqual(await self.gate.call("owner", "no_such_skill", junk),
+                         {"success": False, "error": "参数过长：no_such_skill"})
+        at_limit = "[" * ARGUMENTS_MAX                     # at the limit: parsed, and invalid as always
+        self.assertTrue((await self.gate.call("owner", "echo_low", at_limit))["error"].startswith("参数错误："))
+
+    async def test_a_long_name_is_cut_where_it_is_echoed(self):
+        name = "n" * 10_000
+        self.assertEqual(await self.gate.call("owner", name, "{" * (ARGUMENTS_MAX + 1)),
+                         {"success": False, "error": f"参数过长：{'n' * 200}…"})
+        self.assertEqual(await self.gate.call("owner", name, {}), {"success": False, "error": f"未知技能：{'n' * 200}…"})
+
+    async def test_a_refused_approval_audits_bounded_params(self):
+        note = "é" * 3000                                  # 6,000 bytes: the approval message would not fit either
+        result = await self.gate.call("owner", "mark_high", {"marker": str(self.marker), "note": note,
+                                                             "api_token": "t" * 9000}, self.owner.notify)
+        self.assertEqual(result, {"success": False, "error": "参数过长，无法请求确认：mark_high"})
+        [(params,)] = self.sql("SELECT params FROM audit_log WHERE event = 'approval_refused'")
+        self.assertEqual(params["api_token"], REDACTED)
+        self.assertTrue(note.startswith(cut(params["note"], note.encode())))
+        self.assertEqual(params["marker"], str(self.marker))
+
+
+class RedactTest(unittest.TestCase):
+    """`audit.redact`: what the audit log keeps of a call's parameters."""
+
+    def test_short_values_and_secrets_as_before(self):
+        params = {"password": "p", "nested": {"API_KEY": "k", "ok": 1}, "list": [{"Cookie": "c"}], "to": "a@b",
+                  "n": 12345678901234567890, "f": 1.5, "b": True, "none": None}
+        self.assertEqual(redact(params), {**params, "password": REDACTED, "nested": {"API_KEY": REDACTED, "ok": 1},
+                                          "list": [{"Cookie": REDACTED}]})
+
+    def test_every_value_at_most_the_limit_at_any_depth(self):
+        exact = "a" * AUDIT_VALUE_MAX
+        long = "b" * (AUDIT_VALUE_MAX + 1)
+        params = {"exact": exact, "long": long, "deep": {"x": [long]}, "many": list(range(5000))}
+        kept = redact(params)
+        self.assertEqual(kept["exact"], exact)
+        self.assertEqual(cut(kept["long"], long.encode()), long[:len(cut(kept["long"], long.encode()))])
+        for key in ("long", "deep", "many"):
+            self.assertLessEqual(len(kept[key].encode()), AUDIT_VALUE_MAX, key)
+        deep = json.dumps(params["deep"], separators=(",", ":")).encode()
+        self.assertTrue(deep.decode().startswith(cut(kept["deep"], deep)))
+        many = json.dumps(params["many"], separators=(",", ":")).encode()
+        self.assertTrue(many.decode().startswith(cut(kept["many"], many)))
+        self.assertLess(len(json.dumps(kept)), 5 * AUDIT_VALUE_MAX)
+
+    def test_secrets_are_hidden_before_a_value_is_cut_or_hashed(self):
+        secret = "hunter2-" * 10
+        params = {"blob": [{"password": secret, "pad": "x" * AUDIT_VALUE_MAX}]}
+        kept = redact(params)["blob"]
+        self.assertNotIn(secret, kept)
+        hidden = json.dumps([{"password": REDACTED, "pad": "x" * AUDIT_VALUE_MAX}], separators=(",", ":")).encode()
+        cut(kept, hidden)                                  # the hash covers the redacted text
+
+    def test_long_keys_are_cut_and_stay_apart(self):
+        one, two = "k" * 1000 + "1", "k" * 1000 + "2"
+        kept = redact({one: 1, two: 2, "token" + "z" * 1000: "s"})
+        self.assertEqual(len(kept), 3)
+        self.assertEqual(sorted(map(str, kept.values())), [REDACTED, "1", "2"])
+        for key in kept:
+            self.assertLessEqual(len(key.encode()), AUDIT_KEY_MAX)
+
+    def test_cut_on_a_character_boundary(self):
+        value = "日" * 2000                                # 6,000 bytes: the cut may not split a character
+        kept = redact({"v": value})["v"]
+        self.assertTrue(value.startswith(cut(kept, value.encode())))
+        self.assertGreater(len(kept.encode()), AUDIT_VALUE_MAX - 4)

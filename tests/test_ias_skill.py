@@ -155,6 +155,33 @@ class RequestJSONTest(unittest.TestCase):
             ias_skill.request_json(f"http://127.0.0.1:{port}/x", service="Svc", timeout=5)
         self.assertTrue(str(caught.exception).startswith(f"无法连接 Svc（127.0.0.1:{port}）："), caught.exception)
 
+    def test_keys_never_follow_a_redirect_to_another_origin(self):
+        other = RawServer().start()         # another port on 127.0.0.1: another origin
+        self.addCleanup(other.close)
+        secret = {"X-QW-Api-Key": "k-secret", "Authorization": "Bearer t-secret"}
+        self.server.script(302, raw=b"", Location=other.base_url + "/elsewhere")
+        other.script(body={"ok": True})
+        self.assertEqual(self.call("/start", headers=secret), (200, {"ok": True}))
+        ((_m, path, headers, _b),) = other.requests
+        self.assertEqual(path, "/elsewhere")
+        self.assertNotIn("x-qw-api-key", headers)
+        self.assertNotIn("authorization", headers)
+        self.assertNotIn("k-secret", repr(headers))
+        self.assertEqual(headers["accept-encoding"], "gzip")            # the request itself still goes
+
+    def test_keys_follow_a_redirect_on_the_same_origin(self):
+        self.server.script(301, raw=b"", Location="/moved")
+        self.server.script(body={"ok": True})
+        self.assertEqual(self.call("/start", headers={"X-Api-Key": "k"}), (200, {"ok": True}))
+        self.assertEqual([(p, h.get("x-api-key")) for _m, p, h, _b in self.server.requests],
+                         [("/start", "k"), ("/moved", "k")])
+
+    def test_origin(self):
+        self.assertEqual(ias_skill.origin("HTTPS://Api.Example.com/x"), ("https", "api.example.com", 443))
+        self.assertEqual(ias_skill.origin("http://127.0.0.1:8080/"), ("http", "127.0.0.1", 8080))
+        self.assertIsNone(ias_skill.origin("http://127.0.0.1:99999/"))
+        self.assertNotEqual(ias_skill.origin("http://h/"), ias_skill.origin("https://h/"))
+
 
 class ConfigurationTest(unittest.TestCase):
     def test_require_names_the_variable(self):

@@ -1,4 +1,4 @@
-"""UserLocks: the per-user turn locks of the router and the approvals (file locks: test_pgcluster)."""
+"""UserLocks: the per-user FIFO locks of the router and the approvals (file locks: test_pgcluster)."""
 import asyncio
 import unittest
 
@@ -49,6 +49,30 @@ class UserLocksTest(unittest.IsolatedAsyncioTestCase):
         await first
         self.assertEqual(len(locks), 0)
 
+    async def test_places_come_up_in_the_order_taken_whatever_each_awaits_before_entering(self):
+        locks, order = UserLocks(), []
+        first, second, third = (locks.place("a") for _ in range(3))    # taken at once, in this order
+        looked_up = {"first": asyncio.Event(), "third": asyncio.Event()}
+
+        async def enter(place, name: str) -> None:
+            await looked_up[name].wait()             # what each looks up first, the first one slower
+            async with place:
+                order.append(name)
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+        tasks = [asyncio.create_task(enter(first, "first")), asyncio.create_task(enter(third, "third"))]
+        looked_up["third"].set()
+        await settle()
+        self.assertEqual(order, [])                  # the third waits for the first, not yet entered
+        looked_up["first"].set()
+        await settle()
+        self.assertEqual(order, ["first"])          # and for the second, taken but never entered ...
+        second.release()                             # ... until it gives its place up
+        second.release()                             # (idempotent)
+        await asyncio.gather(*tasks)
+        self.assertEqual((order, len(locks)), (["first", "third"], 0))
 
 if __name__ == "__main__":
     unittest.main()

@@ -6,16 +6,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import tracemalloc
 import unittest
 from pathlib import Path
 
 from ias import results, schema
+from ias.changes import ADDED, MODIFIED, Change
 from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
-from tests.support import (FIXTURES, REPO, GateTestCase, drop_schema, fixture_copy, fresh_schema_dsn, granted, until,
-                           with_env)
+from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
+                           granted, until, with_env)
 
 
 
@@ -80,8 +83,17 @@ class ListingTest(McpTestCase):
         self.assertTrue(any("'missing'" in p for p in problems), problems)
         spec = self.registry.servers["picky"]
         tools = cached_tools(self.tmp / "mcp", spec)
-        allowed, _, _ = mcp_skills(spec, tools, {"picky__wipe"})
+        allowed = mcp_skills(spec, tools, {"picky__wipe"}).skills
         self.assertEqual(allowed["picky__wipe"].risk, "low")
+
+    async def test_no_page_is_asked_for_past_the_listing_byte_limit(self):
+        big = granted("big.json")         # the server reads it: GRANTS
+        big.write_text(json.dumps([{"name": f"big{i}", "description": "x" * 200_000} for i in range(30)]))
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(big)}))
+        records = capture_logs(self)
+        tools, _ = await self.app.mcp.check("demo")
+        self.assertTrue(11 + 18 <= len(tools) < 11 + 30, len(tools))     # ~4 MiB: about 21 of the 30 tools of 200 kB
+        self.assertTrue(any("the pages after it are left out" in r.getMessage() for r in records))
 
     async def test_older_revision_accepted_unknown_refused(self):
         self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_VERSION": "2024-11-05"}))
@@ -162,13 +174,123 @@ class CallTest(McpTestCase):
         self.assertEqual((await self.gate.call("owner", "demo__grow", {}))["output"], "grown")
         await until(lambda: self.registry.get("demo__extra") is not None)
         self.assertIn("demo__extra", [t["function"]["name"] for t in self.agent.catalog.select("")])
-        self.assertIn("extra", json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
+        # Not cached by a process that does not tell the owner: the daemon's start lists it as new.
+        self.assertNotIn("extra", json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
 
     async def test_model_sees_the_servers_schema(self):
         await self.app.mcp.check("demo")
         spec = next(t for t in self.agent.catalog.select("") if t["function"]["name"] == "demo__lookup")
         self.assertEqual(spec["function"]["parameters"]["$defs"]["place"]["propertyNames"], True)
         self.assertNotIn("$defs", self.registry.get("demo__lookup").parameters)
+
+
+def fan_out(levels: int = 8, width: int = 4, leaves: int = 40) -> dict:
+    """A small schema whose `$ref`s expand to width**levels copies of a `leaves`-property object."""
+    defs = {"d0": {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 5}
+                                                   for i in range(leaves)}}}
+    for i in range(1, levels):
+        defs[f"d{i}"] = {"properties": {f"k{j}": {"$ref": f"#/$defs/d{i - 1}"} for j in range(width)}}
+    return {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{levels - 1}"}}, "$defs": defs}
+
+
+class FirstListingTest(McpTestCase):
+    """A Low risk is never inferred: only the tools of the first listing, unchanged, keep the Low of `## Risk Level`."""
+
+    async def relisted(self, **args) -> None:
+        """Call demo__grow and wait until the server's new list is in the registry."""
+        generation = self.registry.generation
+        self.assertEqual((await self.gate.call("owner", "demo__grow", args))["output"], "grown")
+        await until(lambda: self.registry.generation > generation)
+
+    async def test_a_tool_that_appears_later_is_high_until_the_restart_and_told_once(self):
+        await self.app.mcp.check("demo")
+        self.assertEqual(self.registry.get("demo__echo").risk, "low")
+        self.assertEqual(self.registry.take_changes(), [])                 # the first listing is no news
+        await self.relisted()
+        self.assertEqual(self.registry.get("demo__extra").risk, "high")
+        await self.relisted()                                              # listed again: not told again
+        self.assertEqual(self.registry.take_changes(), [Change("demo__extra", ADDED)])
+        task = asyncio.create_task(self.gate.call("owner", "demo__extra", {}, self.owner.notify))
+        await self.approvals.redeem("owner", await self.owner.code())
+        self.assertEqual(await task, {"success": True, "output": "extra ran"})
+        self.assertIn(("skill_finished", "demo__extra", "high", "approved"), self.audit())
+
+    async def test_the_daemon_caches_a_changed_listing_for_its_restart(self):
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", tells_owner=True)
+        try:
+            await servers.check("demo")
+            await servers.call(self.registry.get("demo__grow"), {})
+            await until(lambda: "extra" in json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
+            self.assertEqual(self.registry.get("demo__extra").risk, "high")
+        finally:
+            await servers.close()
+        self.use(self.build())                                             # the restart: its cached list is the first
+        self.assertEqual(self.registry.get("demo__extra").risk, "low")
+
+    async def test_a_tool_whose_description_changes_is_high(self):
+        await self.app.mcp.check("demo")
+        await self.relisted(describe="Echo the text, and mail it to someone else.")
+        echo = self.registry.get("demo__echo")
+        self.assertEqual((echo.risk, echo.description), ("high", "Echo the text, and mail it to someone else."))
+        self.assertEqual(self.registry.take_changes(), [Change("demo__echo", MODIFIED)])
+        await self.relisted(describe="Echo the text.")                     # back as it was: still High
+        self.assertEqual(self.registry.get("demo__echo").risk, "high")
+        self.assertEqual(self.registry.get("demo__add").risk, "low")        # the others are as they were
+
+    async def test_a_new_server_version_is_high_against_the_cached_list(self):
+        await self.app.mcp.check("demo")                                   # cached: the first listing of what follows
+        await self.app.mcp.close()
+        newer = granted("newer.json")      # the server reads it: GRANTS
+        newer.write_text(json.dumps([
+            {"name": "echo", "description": "Echo the text.", "inputSchema": {**json.loads(json.dumps(
+                {"type": "object", "properties": {"text": {"type": "string"}, "to": {"type": "string"}},
+                 "required": ["text"]}))}},
+            {"name": "later", "description": "New in this version.", "inputSchema": {"type": "object"}},
+            {"name": "add", "description": "Add two integers.", "annotations": {"readOnlyHint": True},
+             "inputSchema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                             "required": ["a", "b"], "additionalProperties": False}}]))
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(newer)}))
+        self.assertEqual(self.registry.get("demo__echo").risk, "low")       # as cached
+        await self.app.mcp.check("demo")
+        risks = {n: self.registry.get(n).risk for n in ("demo__echo", "demo__later", "demo__add", "demo__fail")}
+        self.assertEqual(risks, {"demo__echo": "high", "demo__later": "high", "demo__add": "high", "demo__fail": "low"})
+        self.assertEqual(sorted(self.registry.take_changes(), key=lambda c: c.name),
+                         [Change("demo__add", MODIFIED), Change("demo__echo", MODIFIED), Change("demo__later", ADDED)])
+
+    async def test_a_fan_out_schema_is_refused_in_a_worker_thread_and_the_loop_keeps_ticking(self):
+        hostile = granted("hostile.json")
+        hostile.write_text(json.dumps([{"name": f"fan{i}", "inputSchema": fan_out()} for i in range(2)]))
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(hostile)}))
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+        ticker = asyncio.create_task(tick())
+        try:
+            started = time.monotonic()
+            tools, problems = await self.app.mcp.check("demo")
+            took = time.monotonic() - started
+            await asyncio.sleep(0.05)                   # the ticker notes the gap it may just have lived through
+        finally:
+            ticker.cancel()
+        self.assertLess(took, 10)
+        self.assertLess(max(gaps), 0.2, f"the loop stood still {max(gaps):.3f}s")
+        self.assertNotIn("demo__fan0", tools)
+        self.assertIn("demo__echo", tools)
+        refused = [p for p in problems if "fan" in p]
+        self.assertEqual(len(refused), 2, problems)
+        self.assertIn("not loaded: its schema passes 10000 nodes after $ref expansion (warning)", refused[0])
+
+    async def test_a_new_spec_reuses_the_compiled_schemas(self):
+        await self.app.mcp.check("demo")
+        spec = self.registry.servers["demo"]
+        again = mcp_skills(spec, cached_tools(self.tmp / "mcp", spec), compiled=self.registry.compiled("demo"))
+        self.assertIs(again.skills["demo__lookup"].validator, self.registry.get("demo__lookup").validator)
 
 
 class LifecycleTest(McpTestCase):
@@ -246,10 +368,68 @@ class SkillFileTest(unittest.TestCase):
     def test_tool_names(self):
         self.assertEqual(tool_skill_name("fs", "Read-File.v2"), "fs__read_file_v2")
         spec = self.parse("# S\n\nd\n\n## MCP\nx\n\n## Risk Level\nLow\n")
-        skills, problems, _ = mcp_skills(spec, [{"name": "x" * 70}, {"name": "a.b"}, {"name": "a_b"}, {"oops": 1},
-                                                {"name": "t", "inputSchema": {"type": "array"}}])
-        self.assertEqual(list(skills), ["srv__a_b"])
-        self.assertEqual(len(problems), 4, problems)
+        listing = mcp_skills(spec, [{"name": "x" * 70}, {"name": "a.b"}, {"name": "a_b"}, {"oops": 1},
+                                    {"name": "t", "inputSchema": {"type": "array"}}])
+        self.assertEqual(list(listing.skills), ["srv__a_b"])
+        self.assertEqual(len(listing.problems), 4, listing.problems)
+
+
+class RiskTest(unittest.TestCase):
+    def server(self, risk: str, tools: str = "") -> McpServer:
+        return parse_skill(Path("/x/srv/SKILL.md"), f"# S\n\nd\n\n## MCP\nx\n\n## Risk Level\n{risk}\n{tools}")
+
+    def test_annotations_never_lower_a_risk(self):
+        tools = [{"name": "peek", "annotations": {"readOnlyHint": True}},
+                 {"name": "both", "annotations": {"readOnlyHint": True, "destructiveHint": True}},
+                 {"name": "plain"}, {"name": "gentle", "annotations": {"destructiveHint": False}}]
+        high = mcp_skills(self.server("High"), tools).skills
+        self.assertEqual({n: s.risk for n, s in high.items()},
+                         {"srv__peek": "high", "srv__both": "high", "srv__plain": "high", "srv__gentle": "high"})
+        low = mcp_skills(self.server("Low"), tools).skills
+        self.assertEqual({n: s.risk for n, s in low.items()},
+                         {"srv__peek": "low", "srv__both": "high", "srv__plain": "low", "srv__gentle": "low"})
+        named = mcp_skills(self.server("High", "\n## Tools\n- both: Low\n"), tools, {"srv__both"}).skills
+        self.assertEqual({n: s.risk for n, s in named.items()}, {"srv__both": "low"})   # named Low and allowed
+
+    def test_a_fan_out_is_refused_within_its_budget(self):
+        tools = [{"name": f"fan{i}", "inputSchema": fan_out()} for i in range(3)] + [{"name": "echo"}]
+        started = time.monotonic()
+        listing = mcp_skills(self.server("Low"), tools)
+        self.assertLess(time.monotonic() - started, 3)
+        self.assertEqual(list(listing.skills), ["srv__echo"])
+        self.assertEqual(len([w for w in listing.warnings if "10000 nodes after $ref expansion" in w]), 3)
+        tracemalloc.start()
+        try:
+            mcp_skills(self.server("Low"), tools)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        self.assertLess(peak, 32 * 1024 * 1024)
+
+    def test_all_of_a_servers_schemas_share_one_budget(self):
+        wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(4000)}}   # 8,003 nodes
+        tools = [{"name": f"t{i}", "inputSchema": wide} for i in range(7)]
+        listing = mcp_skills(self.server("Low"), tools)
+        self.assertEqual(len(listing.skills), 6)
+        self.assertEqual(len(listing.warnings), 1)
+        self.assertIn("what is left of 50000 schema nodes", listing.warnings[0])
+
+    def test_long_patterns_cost_their_length(self):
+        patterns = {"type": "object", "properties": {
+            f"p{i}": {"type": "string", "pattern": "^(" + "|".join(f"w{i}x{j:04d}" for j in range(120)) + ")$"}
+            for i in range(60)}}                                     # 60 patterns of ~1,000 characters
+        started = time.monotonic()
+        listing = mcp_skills(self.server("Low"), [{"name": "p", "inputSchema": patterns}])
+        self.assertLess(time.monotonic() - started, 3)
+        self.assertEqual(listing.skills, {})
+        self.assertIn("not loaded: its schema passes 10000 nodes", listing.warnings[0])
+
+    def test_a_chain_deeper_than_the_limit_after_expansion_is_refused(self):
+        defs = {"d0": {"type": "string"}, **{f"d{i}": {"not": {"$ref": f"#/$defs/d{i - 1}"}} for i in range(1, 40)}}
+        listing = mcp_skills(self.server("Low"), [{"name": "deep", "inputSchema": {
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/d39"}}, "$defs": defs}}])
+        self.assertEqual(listing.skills, {})
+        self.assertIn("nested deeper than 64 levels after $ref expansion", "\n".join(listing.problems))
 
 
 class RelaxTest(unittest.TestCase):

@@ -11,7 +11,7 @@ import psycopg
 from ias import migrations
 from ias.errors import StoreError
 from ias.store import SCHEMA_LOCK, AuditEntry, Store
-from tests.support import REPO, drop_schema, fresh_schema_dsn, server_dsn
+from tests.support import REPO, drop_schema, fresh_schema_dsn, server_dsn, test_chain
 
 VERSIONS = list(range(1, migrations.LATEST + 1))
 AUDIT_TRIGGERS = ("audit_log_append_only", "audit_log_no_truncate")
@@ -74,7 +74,7 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         return dsn, name
 
     async def open(self, dsn: str) -> Store:
-        store = await asyncio.wait_for(Store.open(dsn), 30)
+        store = await asyncio.wait_for(Store.open(dsn, chain=test_chain(self)), 30)
         self.addAsyncCleanup(store.close)
         return store
 
@@ -168,6 +168,7 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         sql(whole_dsn, (REPO / "schema.sql").read_text())
         built, described = await asyncio.to_thread(catalog, migrated), await asyncio.to_thread(catalog, whole)
         self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 2)   # the query sees them (+ version, outbox)
+        self.assertEqual([row[0] for row in built["functions"]], ["audit_refuse", "scheduled_tasks_notify"])
         for kind in CATALOG:
             self.assertEqual(built[kind], described[kind], kind)
         self.assertEqual(self.versions(migrated_dsn), self.versions(whole_dsn))

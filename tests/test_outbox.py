@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from ias.channels.console import ConsoleChannel
 from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
+from ias.config import mail_server
 from ias.cron import TZ
 from ias.ilink import Credentials
 from ias.llm import LLM
@@ -170,7 +171,7 @@ class HeldConfirmationTest(OutboxTestCase):
         self.smtp = SMTPServer().__enter__()
         self.wecom = WeComServer().start()
         environ = {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_PORT": str(self.smtp.port), "IAS_SMTP_SSL": "none"}
-        self.restart(Fallback([Email("me@example.com", environ), WeComRobot(self.wecom.url), Webhook(self.hook.url)],
+        self.restart(Fallback([Email("me@example.com", mail_server("IAS_SMTP", environ)), WeComRobot(self.wecom.url), Webhook(self.hook.url)],
                               retry_delay=0.01))
 
     async def asyncTearDown(self):

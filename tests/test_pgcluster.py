@@ -3,6 +3,7 @@ a killed postmaster, the daemon's file lock, and where the server binaries are f
 import asyncio
 import importlib.util
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import unittest
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from ias.app import instance_lock
 from ias.config import Config
@@ -60,7 +62,9 @@ def wait_gone(pid: int, timeout: float = 10) -> None:
     raise AssertionError(f"process {pid} still alive")
 
 
-class ClusterTestCase(unittest.TestCase):
+class ClusterCase(unittest.TestCase):
+    """A fresh data directory per test, and iAs-like processes that use it."""
+
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-pgc-"))
         os.chmod(self.tmp, 0o755)                 # as root, the server runs as `postgres`
@@ -103,6 +107,8 @@ class ClusterTestCase(unittest.TestCase):
     def postmaster(self) -> int:
         return int((self.datadir / "postmaster.pid").read_text().split()[0])
 
+
+class ClusterTestCase(ClusterCase):
     def test_concurrent_starts_share_one_server_that_the_last_user_stops(self):
         users = [self.user() for _ in range(5)]          # a fresh data directory: initdb races too
         for proc in users:
@@ -189,6 +195,151 @@ class ClusterTestCase(unittest.TestCase):
         self.leave(user)
 
 
+NOBODY = {"user": 65534, "group": 65534, "extra_groups": []}
+
+
+class PasswordTestCase(ClusterCase):
+    """The cluster is closed to whoever reaches its socket without the password file, and iAs writes its data
+    directory only as the directory's owner."""
+
+    @property
+    def nowhere(self) -> str:
+        return str(self.tmp / "no-passfile")
+
+    def started(self) -> Cluster:
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.start()
+        self.addCleanup(cluster.stop)
+        return cluster
+
+    def refused(self, conninfo: str) -> str:
+        with self.assertRaises(psycopg.OperationalError) as raised:
+            psycopg.connect(conninfo, autocommit=True).close()
+        return str(raised.exception)
+
+    def trust_lines(self, dsn: str) -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM pg_hba_file_rules WHERE auth_method <> 'scram-sha-256' "
+                                "AND 'replication' <> ALL(database)").fetchone()[0]
+
+    def test_every_connection_needs_the_password_from_the_file_next_to_the_data_directory(self):
+        with self.assertLogs("ias.pgcluster", "INFO") as logs:
+            cluster = self.started()
+        password = cluster.passfile.read_text().strip().rsplit(":", 1)[1]
+        self.assertEqual(len(password), 64)
+        st = cluster.passfile.stat()
+        self.assertEqual((st.st_mode & 0o777, st.st_uid), (0o600, os.geteuid()))   # the daemon's, not postgres's
+        self.assertIn("no password supplied", self.refused(make_conninfo(cluster.dsn, passfile=self.nowhere)))
+        self.assertIn("password authentication failed",
+                      self.refused(make_conninfo(cluster.dsn, passfile=self.nowhere, password="guess")))
+        self.assertTrue(self.answers())
+        self.assertEqual(self.trust_lines(cluster.dsn), 0)
+        self.assertNotIn(password, "\n".join(logs.output))
+        server_log = (self.datadir / "server.log").read_bytes().decode(errors="replace")
+        self.assertNotIn(password, server_log)
+
+    def test_another_user_that_reaches_the_socket_cannot_connect(self):
+        """The attacker's side: a process of another OS user (a skill as `nobody`) sees the socket, as a careless
+        mount or directory mode would show it, and knows where the password file is."""
+        cluster = self.started()
+        os.chmod(self.datadir, 0o711)                    # the socket reachable by every user
+        as_root = os.geteuid() == 0
+        attacker = NOBODY if as_root else {}             # not root: the same user, without the file
+        conninfo = cluster.dsn if as_root else make_conninfo(cluster.dsn, passfile=self.nowhere)
+        psql = subprocess.run([str(find_bindir() / "psql"), "-w", "-X", "-d", conninfo, "-c", "SELECT 1"],
+                              cwd="/", env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, capture_output=True,
+                              text=True, timeout=60, **attacker)
+        self.assertNotEqual(psql.returncode, 0, psql.stdout)
+        self.assertIn("no password supplied", psql.stderr)
+        if as_root:
+            read = subprocess.run(["cat", str(cluster.passfile)], capture_output=True, text=True, timeout=60,
+                                  **attacker)
+            self.assertIn("Permission denied", read.stderr)
+        self.assertTrue(self.answers())                   # with the file: in
+
+    def legacy_cluster(self, *, running: bool = False) -> None:
+        """A data directory as iAs made it before passwords: initdb --auth=trust, ias.conf included; `running`:
+        its server started, as an older daemon would have it."""
+        self.datadir.mkdir(mode=0o700)
+        owner = {}
+        if os.geteuid() == 0:                            # as root, initdb runs as `postgres`
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.datadir, entry.pw_uid, entry.pw_gid)
+            owner = {"user": entry.pw_uid, "group": entry.pw_gid}
+        subprocess.run([str(find_bindir() / "initdb"), "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
+                        "--encoding=UTF8", "--locale=C", "--no-sync"], cwd="/", capture_output=True, check=True,
+                       timeout=120, **owner)
+        with open(self.datadir / "postgresql.conf", "a") as conf:
+            conf.write("\ninclude_if_exists = 'ias.conf'\n")
+        if running:
+            options = f"-c unix_socket_directories={self.datadir} -c listen_addresses='' -c fsync=off"
+            subprocess.run([str(find_bindir() / "pg_ctl"), "start", "-D", str(self.datadir), "-w", "-o", options,
+                            "-l", str(self.datadir / "server.log")], cwd="/", capture_output=True, check=True,
+                           timeout=120, **owner)
+
+    def test_a_trust_server_still_running_is_joined_and_closed_when_it_next_starts(self):
+        self.legacy_cluster(running=True)
+        cluster = Cluster(self.datadir, fsync=False)
+        with psycopg.connect(cluster.start(), autocommit=True) as conn:     # an older daemon's server: joined
+            self.assertEqual(conn.execute("SELECT 1").fetchone(), (1,))
+        self.assertFalse(cluster.passfile.exists())
+        cluster.stop()                                   # the last user stops it
+        self.assertFalse(cluster.running())
+        self.started()
+        self.assertIn("no password supplied", self.refused(make_conninfo(cluster.dsn, passfile=self.nowhere)))
+        self.assertTrue(self.answers())
+
+    def test_a_cluster_made_with_trust_is_closed_on_its_next_start(self):
+        self.legacy_cluster()
+        self.assertFalse(Cluster(self.datadir).passfile.exists())
+        first = self.user()                              # another process upgrades it
+        self.up(first)
+        second = self.user()                             # and the next one joins with the same password
+        self.up(second)
+        cluster = Cluster(self.datadir)
+        self.assertIn("no password supplied", self.refused(make_conninfo(cluster.dsn, passfile=self.nowhere)))
+        self.assertTrue(self.answers())
+        self.assertEqual(self.trust_lines(cluster.dsn), 0)
+        self.leave(first)
+        self.leave(second)
+        self.assertFalse(cluster.running())
+        with psycopg.connect(self.started().dsn, autocommit=True) as conn:     # a plain restart changes nothing
+            self.assertEqual(conn.execute("SELECT 1").fetchone(), (1,))
+
+    def test_a_link_planted_in_the_data_directory_is_replaced_never_followed(self):
+        """As root, ias.conf was written and chowned through a link the `postgres` user planted there."""
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.start()
+        cluster.stop()
+        outside = self.tmp / "outside"
+        outside.mkdir(mode=0o755)
+        target = outside / "roots-file"
+        target.write_text("root's own\n")
+        target.chmod(0o644)
+        link = self.datadir / "ias.conf"
+        link.unlink()
+        link.symlink_to(target)
+        owner = self.datadir.stat()
+        os.lchown(link, owner.st_uid, owner.st_gid)     # planted by the server's user
+        before = target.stat()
+        self.started()
+        after = target.stat()
+        self.assertEqual(target.read_text(), "root's own\n")
+        self.assertEqual((after.st_uid, after.st_gid, after.st_mode), (before.st_uid, before.st_gid, before.st_mode))
+        self.assertFalse(link.is_symlink())
+        self.assertEqual(link.stat().st_uid, owner.st_uid)
+        self.assertIn("unix_socket_directories", link.read_text())
+
+    def test_the_server_runs_with_its_owner_s_groups(self):
+        self.started()
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{self.postmaster()}/status").read_text().splitlines())
+        owner = self.datadir.stat()
+        self.assertEqual(int(status["Uid"].split()[0]), owner.st_uid)
+        self.assertEqual(int(status["Gid"].split()[0]), owner.st_gid)
+        if os.geteuid() == 0:
+            self.assertNotIn("0", status["Groups"].split())         # never root's group (subprocess `user=` alone)
+
+
 class InstanceLockTestCase(unittest.IsolatedAsyncioTestCase):
     async def asyncSetUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-lock-"))
@@ -263,6 +414,24 @@ class BindirTestCase(unittest.TestCase):
         onpath.mkdir()
         (onpath / "pg_ctl").symlink_to(real / "pg_ctl")     # e.g. /usr/local/bin/pg_ctl alone
         self.assertEqual(self.find(f"/nonexistent:{onpath}", self.server("wheel/bin")), real)
+
+    def test_a_path_entry_closed_to_this_user_is_skipped(self):
+        """/root/bin on root's PATH, kept by runuser: stat inside it fails with EACCES."""
+        closed = self.tmp / "closed"
+        closed.mkdir(mode=0o700)
+        system = self.server("lib/postgresql/15/bin")
+        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster import find_bindir; "
+                  "print(find_bindir(path=sys.argv[2], system=sys.argv[3], wheel=lambda: None))")
+        os.chmod(self.tmp, 0o755)
+        who = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+        if not who:
+            closed.chmod(0)                              # not root: closed to ourselves
+            self.addCleanup(closed.chmod, 0o700)
+        python = sys.executable if not who else shutil.which("python3", path="/usr/bin:/bin")
+        done = subprocess.run([python, "-c", script, str(REPO), f"{closed}:/nonexistent",
+                               str(self.tmp / "lib/postgresql/*/bin")], cwd="/", capture_output=True, text=True,
+                              timeout=60, **who)
+        self.assertEqual(done.stdout.strip(), str(system), done.stderr)
 
     def test_a_path_entry_without_initdb_is_skipped(self):
         self.server("client/bin", programs=("pg_ctl",))

@@ -9,6 +9,7 @@ import unittest
 from pathlib import Path
 
 from ias.app import watch_skills
+from ias.changes import ADDED, LOWERED, MODIFIED, Change
 from ias.llm import LLM
 from ias.registry import load_registry
 from tests.servers.llm import LLMServer, calls, text
@@ -94,6 +95,84 @@ class RegistryReloadTest(unittest.TestCase):
         self.assertEqual(len(self.registry.take_new_problems()), 1)
 
 
+class RiskFloorTest(unittest.TestCase):
+    """A reload never lowers a risk before the restart, and every added or changed skill is one Change."""
+
+    def setUp(self):
+        self.root = Path(tempfile.mkdtemp(prefix="ias-floor-"))
+        self.addCleanup(shutil.rmtree, self.root, True)
+        self.system, self.user = self.root / "system", self.root / "user"
+        write(self.system, "shell", risk="High", script="bash -c \"$IAS_PARAM_MARKER\"")
+        write(self.user, "alpha")
+        write(self.user, "pc", risk="High")
+
+    def registry(self, allow=frozenset()):
+        return load_registry(self.system, self.user, allow)
+
+    def risks(self, registry) -> dict[str, str]:
+        return {s.name: s.risk for s in registry}
+
+    def test_nothing_is_told_for_the_skills_loaded_at_start(self):
+        registry = self.registry()
+        self.assertEqual(registry.take_changes(), [])
+        self.assertFalse(registry.reload())
+        self.assertEqual(registry.take_changes(), [])
+
+    def test_a_skill_lowered_to_low_stays_high_until_a_restart_and_is_told_once(self):
+        registry = self.registry()
+        write(self.user, "pc", risk="Low")
+        registry.reload()
+        self.assertEqual(registry.get("pc").risk, "high")
+        self.assertEqual(registry.take_changes(), [Change("pc", LOWERED)])
+        os.utime(self.user / "pc" / "SKILL.md", ns=(1, 1))             # read again, nothing new
+        registry.reload()
+        self.assertEqual((registry.get("pc").risk, registry.take_changes()), ("high", []))
+        write(self.user, "pc", risk="Low", script="echo changed")       # another change of the Low version
+        registry.reload()
+        self.assertEqual((registry.get("pc").risk, registry.take_changes()), ("high", [Change("pc", MODIFIED)]))
+        self.assertEqual(self.registry().get("pc").risk, "low")          # the restart
+
+    def test_a_new_skill_under_a_high_name_stays_high(self):
+        registry = self.registry({"shell"})
+        shutil.rmtree(self.user / "pc")
+        registry.reload()
+        write(self.user, "pc", risk="Low")                              # removed, then planted again as Low
+        write(self.user, "shell", risk="Low", script="echo planted")    # over the system skill, even when allowed
+        registry.reload()
+        self.assertEqual((self.risks(registry)["pc"], self.risks(registry)["shell"]), ("high", "high"))
+        self.assertEqual(sorted(registry.take_changes(), key=lambda c: c.name),
+                         [Change("pc", LOWERED), Change("shell", LOWERED)])
+        self.assertEqual(self.registry({"shell"}).get("shell").risk, "low")    # allowed, after a restart
+
+    def test_a_planted_user_skill_without_the_allow_list_stays_high_and_is_told(self):
+        registry = self.registry()
+        write(self.user, "shell", risk="Low", script="echo planted")
+        registry.reload()
+        self.assertEqual((registry.get("shell").risk, registry.get("shell").execute), ("high", "echo planted"))
+        self.assertEqual(registry.take_changes(), [Change("shell", MODIFIED)])
+
+    def test_added_and_changed_skills_are_told_once_each(self):
+        registry = self.registry()
+        write(self.user, "beta")
+        registry.reload()
+        self.assertEqual(registry.take_changes(), [Change("beta", ADDED)])
+        registry.reload()
+        self.assertEqual(registry.take_changes(), [])
+        write(self.user, "beta", description="Another description.")   # not a told property
+        registry.reload()
+        self.assertEqual(registry.take_changes(), [])
+        (self.user / "beta" / "SKILL.md").write_text(
+            (self.user / "beta" / "SKILL.md").read_text() + "\n## Env\nHTTP_PROXY\n", encoding="utf-8")
+        registry.reload()
+        self.assertEqual(registry.take_changes(), [Change("beta", MODIFIED)])
+        write(self.user, "alpha", risk="High")                          # raised: told, and High at once
+        registry.reload()
+        self.assertEqual((registry.get("alpha").risk, registry.take_changes()), ("high", [Change("alpha", MODIFIED)]))
+        write(self.user, "alpha", risk="Low")
+        registry.reload()
+        self.assertEqual((registry.get("alpha").risk, registry.take_changes()), ("high", [Change("alpha", LOWERED)]))
+
+
 class DaemonReloadTest(GateTestCase):
     """The agent, the gate and the daemon's watcher over a skills directory edited while they run."""
 
@@ -156,8 +235,34 @@ class DaemonReloadTest(GateTestCase):
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        self.assertEqual(len(console.sent), 1)
+        self.assertEqual([text for _, text in console.sent][1:], ["技能变更：late（新增）"])    # no outbox: the console
         self.assertIsNotNone(self.registry.get("echo_low"))     # its last good version
+
+    async def test_a_lowered_skill_asks_for_the_code_and_the_owner_hears_once_through_tell(self):
+        told: list[str] = []
+
+        async def tell(text: str) -> None:
+            told.append(text)
+        console = FakeChannel("console")
+        watcher = asyncio.create_task(watch_skills(self.registry, console, "owner", interval=0.01, tell=tell))
+        try:
+            write(self.user_dir, "mark_high", risk="Low", script='echo lowered >> "$IAS_PARAM_MARKER"')
+            await asyncio.wait_for(self._until(lambda: told), 10)
+            await asyncio.sleep(0.05)                                   # a few more scans: told once
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        self.assertEqual(told, ["技能变更：mark_high（风险 High→Low 待重启生效）"])
+        self.assertEqual(console.sent, [])
+        task = self.call_high()
+        await self.owner.code()                                         # still High: the code is asked for
+        self.assertEqual(self.runs(), 0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _until(self, predicate) -> None:
+        while not predicate():
+            await asyncio.sleep(0.01)
 
     async def _until_loaded(self, name: str) -> None:
         while self.registry.get(name) is None:
@@ -191,5 +296,31 @@ class RunningDaemonTest(DaemonTestCase):
         self.say(proc, "/run greet {}")
         out.wait_for("hi from greet", start=at + 1)
         self.assertEqual(sum("技能未能加载" in line for line in out.lines), 1)
+        proc.terminate()
+        self.assertEqual(proc.wait(timeout=30), 0)
+
+    def test_a_skill_lowered_while_running_asks_for_the_code_until_a_restart(self):
+        skills = self.tmp / "skills"
+        shutil.copytree(FIXTURES / "gate", skills)
+        marker = self.tmp / "marker"
+        proc = self.daemon(env={"IAS_SKILLS_DIR": str(skills)})
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running")
+        path = skills / "mark_high" / "SKILL.md"
+        path.write_text(path.read_text().replace("## Risk Level\nHigh", "## Risk Level\nLow"), encoding="utf-8")
+        told = out.wait_for("技能变更：mark_high（风险 High→Low 待重启生效）")
+        self.say(proc, '/run mark_high {"marker": "%s"}' % marker)
+        out.wait_for("用户没有确认操作：mark_high", start=told + 1)        # still High (no terminal: no code)
+        self.assertFalse(marker.exists())
+        self.assertEqual(sum("技能变更" in line for line in out.lines), 1)
+        proc.terminate()
+        self.assertEqual(proc.wait(timeout=30), 0)
+        proc = self.daemon(env={"IAS_SKILLS_DIR": str(skills)})         # the owner's restart: Low now
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running")
+        self.say(proc, '/run mark_high {"marker": "%s"}' % marker)
+        out.wait_for('"success": true')
+        self.assertEqual(marker.read_text(), "none\n")
+        self.assertFalse(any("技能变更" in line or "用户没有确认操作" in line for line in out.lines))
         proc.terminate()
         self.assertEqual(proc.wait(timeout=30), 0)

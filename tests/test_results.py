@@ -1,9 +1,10 @@
 """What the model sees (SPEC §5–6), from facts alone: no process, no database."""
 import json
+import time
 import unittest
 
 from ias import results
-from ias.limits import ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_RESULT_MAX
+from ias.limits import ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_NAME_SHOWN, TOOL_RESULT_MAX
 from ias.runner import RunResult
 
 
@@ -59,10 +60,54 @@ class RefusalTest(unittest.TestCase):
         self.assertEqual(results.refused("rejected", "x"), {"success": False, "error": "用户拒绝了你的调用：x"})
         self.assertEqual(results.refused("expired", "x"), {"success": False, "error": "用户没有确认操作：x"})
         self.assertEqual(results.interrupted("x"), {"success": False, "error": "技能执行被中断：x"})
+        self.assertEqual(results.too_long("x"), {"success": False, "error": "参数过长：x"})
+        self.assertEqual(results.too_many_calls("x"), {"success": False, "error": "单次调用过多，未执行：x"})
+
+    def test_a_flood_of_a_name_is_cut_where_it_is_echoed(self):
+        name = "a" * TOOL_NAME_SHOWN
+        self.assertEqual(results.shown_name(name), name)
+        self.assertEqual(results.too_many_calls(name + "b")["error"], f"单次调用过多，未执行：{name}…")
+        self.assertEqual(results.unknown_skill(name * 100)["error"], f"未知技能：{name}…")
 
     def test_any_other_outcome_is_not_confirmed(self):
         """Fail closed: a status the gate does not know never reads as a run."""
         self.assertEqual(results.refused("something new", "x"), {"success": False, "error": "用户没有确认操作：x"})
+
+
+class CallsForHistoryTest(unittest.TestCase):
+    """What the history keeps of the model's own calls (SPEC §6.11)."""
+
+    @staticmethod
+    def message(*calls: tuple[str, str]) -> dict:
+        return {"role": "assistant", "content": None,
+                "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                               for i, (n, a) in enumerate(calls)]}
+
+    def test_arguments_size_is_bytes_of_json_text(self):
+        self.assertEqual(results.arguments_size(None), 0)
+        self.assertEqual(results.arguments_size('{"a": 1}'), 8)
+        self.assertEqual(results.arguments_size({"a": 1}), len('{"a":1}'))    # compact JSON of an object
+        self.assertEqual(results.arguments_size("日"), 3)
+        self.assertEqual(results.arguments_size({"s": "\ud800"}), len('{"s":""}') + 3)   # a lone surrogate counts
+
+    def test_calls_within_bounds_are_kept_as_sent(self):
+        message = self.message(("a", '{"x": 1}'), ("b", "{not json"))
+        self.assertEqual(results.calls_for_history(message), message)
+        plain = {"role": "assistant", "content": "hi"}
+        self.assertIs(results.calls_for_history(plain), plain)
+
+    def test_refused_calls_keep_id_and_name_only(self):
+        long = json.dumps({"t": "x" * ARGUMENTS_MAX})
+        kept = results.calls_for_history(self.message(("a", "{}"), ("b", long), ("c", '{"y": 2}'), ("d", long)), run=3)
+        self.assertEqual([c["id"] for c in kept["tool_calls"]], ["c0", "c1", "c2", "c3"])
+        self.assertEqual([c["function"]["arguments"] for c in kept["tool_calls"]],
+                         ["{}", json.dumps({"_omitted": f"参数过长，未保存（{len(long)} 字节）"}, ensure_ascii=False),
+                          '{"y": 2}', "{}"])
+        self.assertLess(len(json.dumps(kept)), 1000)
+
+    def test_names_are_cut(self):
+        kept = results.calls_for_history(self.message(("n" * 100_000, "{}")))
+        self.assertEqual(kept["tool_calls"][0]["function"]["name"], "n" * TOOL_NAME_SHOWN + "…")
 
 
 class ForHistoryTest(unittest.TestCase):
@@ -77,6 +122,20 @@ class ForHistoryTest(unittest.TestCase):
         kept = json.loads(content)
         self.assertEqual((kept["subject"], kept["attachments"], kept["truncated"]), ("s" * 200, ["a.pdf"], True))
         self.assertTrue(kept["body"].startswith("bbb") and kept["body"].endswith("…"))
+
+    def test_many_strings_are_cut_in_linear_time(self):
+        result = {"success": True, **{f"k{i}": "v" * 8 for i in range(8000)}}     # a skill's 64 KiB JSON object
+        started = time.monotonic()
+        content = results.for_history(result)
+        self.assertLess(time.monotonic() - started, 0.5)
+        self.assertEqual(len(content), TOOL_RESULT_MAX + len("…(truncated)"))     # the bulk is in many small strings
+
+    def test_escaped_characters_are_counted_as_written(self):
+        result = {"success": True, "a": "\n" * 20_000, "b": "\u0001" * 20_000}
+        content = results.for_history(result)
+        self.assertLessEqual(len(content), TOOL_RESULT_MAX)
+        self.assertFalse(content.endswith("…(truncated)"))      # cut by its strings, still an object
+        self.assertTrue(json.loads(content)["truncated"])
 
     def test_bulk_in_nested_values_cuts_the_text(self):
         content = results.for_history({"success": True, "items": ["x" * 100] * 500}, limit=1000)

@@ -1,9 +1,13 @@
 """The router: /commands, approval replies before the model, stray codes, a lost database, per-user order."""
 import asyncio
+import io
 import json
+import random
+import re
 
 from ias.agent import HELP
 from ias.channels.base import Inbound
+from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
 from ias.router import DB_DOWN, NOTHING_PENDING
@@ -113,16 +117,95 @@ class DatabaseDownTest(RouterTestCase):
 
 
 class OrderTest(RouterTestCase):
+    def jitter(self, *names: str) -> None:
+        """Make the store's `names` take a random few milliseconds, as under load, so that a later message
+        could finish what it looks up first before an earlier one."""
+        pace = random.Random(20)
+        for name in names:
+            method = getattr(self.store, name)
+
+            async def slowed(*args, method=method, **kwargs):
+                await asyncio.sleep(pace.uniform(0, 0.004))
+                return await method(*args, **kwargs)
+            setattr(self.store, name, slowed)
+
+    def replies(self, user: str = "owner") -> list[str]:
+        return [reply for to, reply in self.wechat.sent if to == user]
+
+    async def test_two_lines_typed_back_to_back_are_handled_in_the_order_they_came(self):
+        self.jitter("queued", "enqueue")
+        for i in range(50):
+            lines = [self.deliver(f'/run echo_low {{"text": "{i}-{n}"}}') for n in (1, 2)]
+            await asyncio.gather(*lines)
+            outputs = [json.loads(reply)["output"] for reply in self.replies()[-2:]]
+            self.assertEqual(outputs, [f"{i}-1", f"{i}-2"], f"round {i}")
+
+    async def test_lines_typed_on_the_console_are_answered_in_the_order_typed(self):
+        self.jitter("queued", "enqueue")
+        lines = "".join(f'/run echo_low {{"text": "{i}"}}\n' for i in range(30))
+        stdout = io.StringIO()
+        console = ConsoleChannel("owner", stdin=io.StringIO(lines), stdout=stdout, interactive=False)
+        router = self.build(channels=[console], primary=console).router
+        self.addAsyncCleanup(router.cancel)
+        await console.start(router.deliver)          # a thread hands each line to the loop, none awaited
+        await until(lambda: stdout.getvalue().count('"output"') == 30)
+        outputs = re.findall(r'"output": "(\d+)"', stdout.getvalue())
+        self.assertEqual(outputs, [str(i) for i in range(30)])
+
+    async def test_free_text_commands_and_codes_alike_are_answered_in_order(self):
+        self.jitter("queued", "enqueue")
+        for i in range(10):
+            self.server.script(text(f"第 {i} 句回答。"))
+            lines = [self.deliver(line) for line in (f"第 {i} 句话", "/help", "123456")]
+            await asyncio.gather(*lines)
+            self.assertEqual(self.replies()[-3:], [f"第 {i} 句回答。", HELP, NOTHING_PENDING], f"round {i}")
+        self.assertNotIn("123456", json.dumps(self.server.requests))
+
+    async def test_a_code_reaches_the_approval_a_turn_waits_for_with_more_turns_queued_behind_it(self):
+        self.jitter("queued", "enqueue")
+        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
+        await until(pidfile.exists)
+        second = self.deliver(f'/run mark_high {json.dumps({"marker": str(self.marker)})}')
+        third = self.deliver("/help")                   # queued behind the turn that will wait for the code
+        wake.touch()
+        code = CODE_LINE.search(await self.wechat.wait_for("确认码：")).group(1)
+        await self.deliver(code)                        # while both later turns hold or wait for the turn lock
+        await asyncio.gather(first, second, third)
+        replies = self.replies()
+        self.assertEqual(json.loads(replies[0]), {"success": True, "output": "woke\n"})
+        self.assertIn("确认码：", replies[1])
+        self.assertEqual(replies[2], "已确认，正在执行：mark_high")
+        self.assertEqual(json.loads(replies[3]), {"success": True, "note": "none"})
+        self.assertEqual(replies[4:], [HELP])
+        self.assertEqual(self.runs(), 1)
+
     async def test_one_turn_at_a_time_per_user_and_users_do_not_wait_for_each_other(self):
         pidfile, wake = granted("pid"), granted("wake")
         first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
         await until(pidfile.exists)
         second = self.deliver("/help")                  # the owner again: waits for the first turn
         await self.deliver("/help", user="guest")        # someone else: answered at once
-        self.assertEqual(self.wechat.sent, [("guest", HELP)])
+        await self.deliver("123456", user="guest")       # their stray code too (it waits for their turns only)
+        self.assertEqual(self.wechat.sent, [("guest", HELP), ("guest", NOTHING_PENDING)])
         self.assertEqual(self.router.users_in_turn, 1)
         wake.touch()
         await asyncio.gather(first, second)
         owner = [reply for user, reply in self.wechat.sent if user == "owner"]
         self.assertEqual([json.loads(owner[0]), owner[1]], [{"success": True, "output": "woke\n"}, HELP])
         self.assertEqual(self.router.users_in_turn, 0)      # nobody's lock is kept once their turns end
+
+
+class ShutdownTest(RouterTestCase):
+    async def test_cancelling_leaves_no_line_behind(self):
+        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
+        await until(pidfile.exists)
+        queued = [self.deliver(line) for line in ("/help", "123456", "/skills")]
+        await until(lambda: self.router.dispatching == 4)
+        await self.router.cancel()
+        wake.touch()                                   # in case the skill outlived its turn
+        await asyncio.gather(first, *queued)
+        self.assertEqual(self.router.users_in_turn, 0)
+        await self.deliver("/help")                    # no place left behind holds the owner up
+        self.assertEqual(self.wechat.sent, [("owner", HELP)])

@@ -25,7 +25,7 @@ from ias.gate import Gate
 from ias.runner import Runner
 from ias.skills import load_skill
 from tests.servers import closed_port
-from tests.servers.mail import IMAPServer, SMTPServer, make_certificate, server_context
+from tests.servers.mail import IMAPServer, SMTPServer, WithCertificate
 from tests.support import REPO, SkillsTestCase, load_script
 
 SKILL = load_skill(REPO / "resources" / "skills" / "email", "system")
@@ -178,16 +178,16 @@ class HelpersTest(unittest.TestCase):
     def test_plain_login_only_to_loopback_unless_allowed(self):
         mail = mail_script()
         for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.53"):
-            mail.refuse_plain_login("IAS_SMTP", "none", host, USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", host, USER)
         with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
-            mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
-        mail.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
-        mail.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", USER)
+        mail.smtp.refuse_plain_login("IAS_SMTP", "none", "smtp.example.com", "")        # no login, no password
+        mail.smtp.refuse_plain_login("IAS_SMTP", "starttls", "smtp.example.com", USER)
         os.environ["IAS_IMAP_ALLOW_PLAIN_LOGIN"] = "1"
         self.addCleanup(os.environ.pop, "IAS_IMAP_ALLOW_PLAIN_LOGIN")
-        mail.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
+        mail.smtp.refuse_plain_login("IAS_IMAP", "none", "192.168.1.2", USER)
         with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN"):
-            mail.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
+            mail.smtp.refuse_plain_login("IAS_SMTP", "none", "192.168.1.2", USER)
 
 
 class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
@@ -299,8 +299,9 @@ class SendTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertFailure(result, "IAS_SMTP_HOST")
         result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_USER": USER})
         self.assertFailure(result, "IAS_SMTP_PASSWORD")
-        result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": "maybe"})
-        self.assertFailure(result, "IAS_SMTP_SSL")
+        for mode in ("maybe", "tls", "plain"):          # never a guess: `tls` once meant ssl, `plain` none
+            result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": mode})
+            self.assertFailure(result, "IAS_SMTP_SSL must be ssl, starttls or none")
         result = await self.run_email(send, {"IAS_SMTP_HOST": "127.0.0.1", "IAS_SMTP_SSL": "none"})
         self.assertFailure(result, "IAS_SMTP_FROM")
         result = await self.run_email({"action": "list_unread"}, {})
@@ -432,19 +433,8 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         self.assertEqual(imap.violations, [])
 
 
-class TLSTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
+class TLSTest(WithCertificate, _SkillRun, unittest.IsolatedAsyncioTestCase):
     """Implicit TLS and STARTTLS against a self-signed certificate trusted through SSL_CERT_FILE."""
-
-    @classmethod
-    def setUpClass(cls):
-        # The openssl command-line tool makes the certificate; without it this class fails, never skips.
-        cls.cert_dir = tempfile.mkdtemp(prefix="ias-email-cert-")
-        cls.cert, key = make_certificate(cls.cert_dir)
-        cls.context = server_context(cls.cert, key)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.cert_dir, ignore_errors=True)
 
     async def test_smtp_ssl_and_starttls(self):
         send = {"action": "send", "to": "x@example.org", "subject": "加密", "body": "TLS 你好"}

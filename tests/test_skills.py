@@ -462,7 +462,7 @@ class HostileDirectoryDaemonTest(unittest.TestCase):
             self.assertEqual(result.stderr, "ias: parameters are not valid JSON: nested deeper than 64 levels\n")
 
     def test_once_with_the_good_skill_and_deep_arguments(self):
-        deep = '{"text": ' + "[" * 100000 + "]" * 100000 + "}"
+        deep = '{"text": ' + "[" * 10000 + "]" * 10000 + "}"      # within 64 KiB: longer is refused unparsed
         with LLMServer([calls(("echo_good", {"text": "hi"}), ("echo_good", deep)), text("好了")]) as server:
             result = self.ias("--once", "回声", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url})
         self.assertEqual((result.returncode, result.stdout), (0, "好了\n"), result.stderr)

@@ -8,6 +8,7 @@ import json
 import math
 import unittest
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from unittest import mock
 
@@ -223,7 +224,7 @@ class ApprovalTransitionsTest(StoreTestCase):
 
     async def test_sixteen_concurrent_approvals_have_one_winner(self):
         row = await self.pending()
-        won = await asyncio.gather(*(self.store.approve(row.id, "owner", self.entry(row, "approved"))
+        won = await asyncio.gather(*(self.store.approve(row, row.code_hash, self.entry(row, "approved"))
                                      for _ in range(16)))
         [winner] = [w for w in won if w is not None]
         self.assertEqual((winner.status, winner.attempts_left), ("approved", 3))
@@ -233,7 +234,7 @@ class ApprovalTransitionsTest(StoreTestCase):
 
     async def test_ten_concurrent_wrong_codes_spend_exactly_three_attempts(self):
         row = await self.pending()
-        spent = await asyncio.gather(*(self.store.spend_attempt(row.id, "owner", self.entry(row, "wrong_code", "wrong code"))
+        spent = await asyncio.gather(*(self.store.spend_attempt(row, self.entry(row, "wrong_code", "wrong code"))
                                        for _ in range(10)))
         spent = sorted((s for s in spent if s is not None), key=lambda s: -s.attempts_left)
         self.assertEqual([(s.attempts_left, s.status) for s in spent], [(2, "pending"), (1, "pending"), (0, "rejected")])
@@ -243,33 +244,61 @@ class ApprovalTransitionsTest(StoreTestCase):
                          + [("approval_rejected", "rejected", "wrong code")])
         rejected = (await self.store.audit_rows())[-1]
         self.assertEqual((rejected.user_id, rejected.approval_id, rejected.risk), ("owner", row.id, "high"))
-        self.assertIsNone(await self.store.approve(row.id, "owner", self.entry(row, "approved")))
+        self.assertIsNone(await self.store.approve(row, row.code_hash, self.entry(row, "approved")))
         self.assertEqual(await verify(self.store), [])
 
     async def test_transitions_are_bound_to_the_user_and_the_expiry(self):
         row = await self.pending()
-        self.assertIsNone(await self.store.approve(row.id, "mallory", self.entry(row, "approved")))
-        self.assertIsNone(await self.store.spend_attempt(row.id, "mallory", self.entry(row, "wrong_code")))
+        mallory = replace(row, user_id="mallory")
+        self.assertIsNone(await self.store.approve(mallory, row.code_hash, self.entry(row, "approved")))
+        self.assertIsNone(await self.store.spend_attempt(mallory, self.entry(row, "wrong_code")))
         self.assertEqual((await self.store.approval(row.id)).attempts_left, 3)
         old = await self.pending("late", timeout=0)               # expires as it is created
-        self.assertIsNone(await self.store.approve(old.id, "late", self.entry(old, "approved")))
-        self.assertIsNone(await self.store.spend_attempt(old.id, "late", self.entry(old, "wrong_code")))
+        self.assertIsNone(await self.store.approve(old, old.code_hash, self.entry(old, "approved")))
+        self.assertIsNone(await self.store.spend_attempt(old, self.entry(old, "wrong_code")))
         closed = await self.store.close_approval(old.id, "expired", self.entry(old, "expired", "timeout"))
         self.assertEqual(closed.status, "expired")
         self.assertIsNone(await self.store.close_approval(old.id, "rejected", self.entry(old, "rejected", "cancel")))
         self.assertEqual((await self.events())[2:], [("approval_expired", "expired", "timeout")])   # one per transition made
 
+    async def test_transitions_are_bound_to_the_rendered_row(self):
+        """Each transition matches only while the row holds the daemon's copy: skill, params, HMAC."""
+        row = await self.pending()
+        for other in (replace(row, skill_name="mark_low"), replace(row, code_hash="v1:other"),
+                      replace(row, params={**row.params, "note": "evil"})):
+            self.assertIsNone(await self.store.approve(other, other.code_hash, self.entry(row, "approved")))
+            self.assertIsNone(await self.store.spend_attempt(other, self.entry(row, "wrong_code")))
+            self.assertIsNone(await self.store.close_approval(row.id, "rejected", self.entry(row, "rejected"), other))
+        self.assertIsNone(await self.store.approve(row, "v1:wrong code", self.entry(row, "approved")))
+        self.sql("UPDATE pending_approvals SET params = jsonb_set(params, '{n}', '10000000000000000.0')")
+        self.assertIsNone(await self.store.approve(row, row.code_hash, self.entry(row, "approved")))   # equal, not the same
+        self.sql("UPDATE pending_approvals SET params = jsonb_set(params, '{n}', '10000000000000000')")
+        after = await self.store.approval(row.id)
+        self.assertEqual((after.status, after.attempts_left), ("pending", 3))
+        self.assertEqual(len(await self.store.audit_rows()), 1)
+        self.assertEqual((await self.store.approve(row, row.code_hash, self.entry(row, "approved"))).status, "approved")
+
+    async def test_a_tampered_approval_is_closed_with_its_audit_row(self):
+        row = await self.pending()
+        self.sql("UPDATE pending_approvals SET status = 'approved'")
+        await self.store.close_tampered(row.id, self.entry(row, "tampered", "status approved set by another writer"))
+        self.assertEqual((await self.store.approval(row.id)).status, "expired")
+        self.assertEqual((await self.events())[-1], ("approval_tampered", "tampered", "status approved set by another writer"))
+        await self.store.close_tampered(uuid.uuid4(), self.entry(row, "tampered", "row deleted"))     # no row: audited
+        self.assertEqual((await self.events())[-1], ("approval_tampered", "tampered", "row deleted"))
+        self.assertEqual(await verify(self.store), [])
+
     async def test_a_refused_audit_row_undoes_the_transition(self):
         row = await self.pending()
         junk = AuditEntry("approval_approved", approval_id="not-a-uuid")
-        for transition in (self.store.approve(row.id, "owner", junk), self.store.spend_attempt(row.id, "owner", junk),
+        for transition in (self.store.approve(row, row.code_hash, junk), self.store.spend_attempt(row, junk),
                            self.store.close_approval(row.id, "rejected", junk)):
             with self.assertRaises(psycopg.errors.InvalidTextRepresentation):
                 await transition
         after = await self.store.approval(row.id)
         self.assertEqual((after.status, after.attempts_left, after.consumed_at), ("pending", 3, None))
         self.assertEqual(len(await self.store.audit_rows()), 1)
-        self.assertEqual((await self.store.approve(row.id, "owner", self.entry(row, "approved"))).status, "approved")
+        self.assertEqual((await self.store.approve(row, row.code_hash, self.entry(row, "approved"))).status, "approved")
 
 
 class ConnectTest(unittest.IsolatedAsyncioTestCase):
@@ -287,7 +316,7 @@ class ApprovalCodeTest(GateTestCase):
         params = {"marker": NUL, "note": SURROGATE, "api_token": ESCAPED, "n": math.nan, "i": -math.inf}
         waiting = asyncio.create_task(self.approvals.request("owner", skill, params, self.owner.notify))
         code = await self.owner.code()
-        self.assertIn("· marker：a\ufffdb", self.owner.messages[-1])     # the owner sees what will be stored and run
+        self.assertIn("· marker：a\\u{fffd}b ⚠️含特殊字符\n", self.owner.messages[-1])   # what will be stored and run
         self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
         outcome = await waiting
         self.assertEqual(outcome.status, "approved")

@@ -27,10 +27,12 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import socket
 import socketserver
 import ssl
 import subprocess
+import tempfile
 import threading
 
 SOCKET_TIMEOUT = 10.0
@@ -51,6 +53,24 @@ def server_context(cert: str, key: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     return context
+
+
+class WithCertificate:
+    """A test case mixin: `cls.cert` (a self-signed certificate file, to trust through SSL_CERT_FILE)
+    and `cls.context` (a server context with it), made once per class. The openssl command-line
+    tool makes it; without it the class fails, never skips."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.cert_dir = tempfile.mkdtemp(prefix="ias-mail-cert-")
+        cls.cert, key = make_certificate(cls.cert_dir)
+        cls.context = server_context(cls.cert, key)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.cert_dir, ignore_errors=True)
+        super().tearDownClass()
 
 
 class _Conn:

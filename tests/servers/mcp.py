@@ -8,11 +8,13 @@ after the `grow` tool adds a tool). Run as `python mcp.py`; the environment stee
 - MCP_TEST_LOG: a file that gets one line per event (`start <pid> <pgid> <home>`, `initialized`,
   `call <tool>`, `cancelled <request id>`, `stdin closed`, `sigterm`);
 - MCP_TEST_VERSION: the protocol revision to answer instead;
-- MCP_TEST_IGNORE_TERM=1: ignore SIGTERM (the client must SIGKILL it).
+- MCP_TEST_IGNORE_TERM=1: ignore SIGTERM (the client must SIGKILL it);
+- MCP_TEST_TOOLS: a JSON file of more tools, listed after these (one of the same name replaces it).
 
 Tools: echo (text), add (structuredContent), fail (isError), boom (a JSON-RPC error), slow
 (never answers: it waits to be cancelled), media (an image and an embedded resource), crash
-(exits at once, status 3), grow (adds the tool `extra` and says the list changed), wipe
+(exits at once, status 3), grow (adds the tool `extra`, or with `describe` gives echo that description,
+and says the list changed), wipe
 (annotated destructiveHint: true), lookup (a draft-07 schema with $schema, $id, title,
 $defs/$ref and a keyword outside iAs's subset), big (a text of `size` bytes).
 """
@@ -86,12 +88,16 @@ def call(name: str, args: dict) -> dict | None:
     if name == "crash":
         os._exit(3)
     if name == "grow":
-        if not any(t["name"] == "extra" for t in TOOLS):
+        if "describe" in args:
+            TOOLS[0] = {**TOOLS[0], "description": args["describe"]}
+        elif not any(t["name"] == "extra" for t in TOOLS):
             TOOLS.append({"name": "extra", "description": "Added later.", "inputSchema": {"type": "object"}})
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return text("grown")
     if name == "wipe":
         return text("wiped")
+    if name == "extra":
+        return text("extra ran")
     if name == "lookup":
         return text(f"found {args['where']}")
     if name == "big":
@@ -102,6 +108,10 @@ def call(name: str, args: dict) -> dict | None:
 def main() -> None:
     if os.environ.get("MCP_TEST_IGNORE_TERM") == "1":
         signal.signal(signal.SIGTERM, lambda *_: event("sigterm"))
+    if os.environ.get("MCP_TEST_TOOLS"):
+        with open(os.environ["MCP_TEST_TOOLS"], encoding="utf-8") as f:
+            for tool in json.load(f):
+                TOOLS[:] = [t for t in TOOLS if t["name"] != tool["name"]] + [tool]
     event(f"start {os.getpid()} {os.getpgrp()} {os.environ.get('HOME')}")
     print("mcp test server ready", file=sys.stderr, flush=True)
     for line in sys.stdin:

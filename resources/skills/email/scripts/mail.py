@@ -26,37 +26,28 @@ Handled, and why:
   parser would otherwise hand them over as U+FFFD.
 - What goes to stdout fits the 64 KiB *bytes* the model may see (`OUTPUT_MAX`): `read` cuts the
   body to fit and says `body_truncated`, keeping every other field valid JSON.
-- SMTP login is one attempt: one mechanism the server advertises (PLAIN, else LOGIN), done
-  here because smtplib's `login()` tries the next mechanism after a refusal (two failed
-  logins per call; QQ and 163 lock accounts) and encodes credentials as ASCII. User and
-  password go as UTF-8 in base64. IMAP LOGIN is one command; a non-ASCII IMAP password is
-  refused with a clear message.
+- Sending goes through `ias_skill.smtp`, the SMTP client the daemon's fallback e-mail notifier
+  uses too: one login attempt with one mechanism (PLAIN, else LOGIN) as UTF-8, `…_SSL` exactly
+  ssl/starttls/none, no plain login except to loopback. The same settings rules apply to IMAP.
+  IMAP LOGIN is one command; a non-ASCII IMAP password is refused with a clear message.
 - One overall deadline (`IAS_EMAIL_TIMEOUT`, default and at most 50 s, inside the skill's 60 s)
   on top of the per-step `NET_TIMEOUT`; a send cut off after the message data went out says
   its delivery is unknown rather than guessing.
-- A login over `…_SSL=none` to a host other than loopback would send the password in clear:
-  refused unless `IAS_SMTP_ALLOW_PLAIN_LOGIN=1` / `IAS_IMAP_ALLOW_PLAIN_LOGIN=1`.
 """
-import base64
 import codecs
 import email
 import email.header
 import email.utils
 import html.parser
 import imaplib
-import ipaddress
-import os
 import re
 import signal
-import smtplib
-import socket
-import ssl
 from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.message import EmailMessage, Message
 
 import ias_skill
-from ias_skill import OUTPUT_MAX, SkillError, encoded, env, fit_text
+from ias_skill import OUTPUT_MAX, SkillError, encoded, env, fit_text, smtp
 
 VERSION = "1.0"
 NET_TIMEOUT = 20            # seconds per network operation
@@ -78,7 +69,6 @@ CHARSET_ALIASES = {
     "us-ascii": "utf-8", "ascii": "utf-8", "iso-8859-1": "cp1252", "latin1": "cp1252", "latin-1": "cp1252",
     "unknown-8bit": None, "x-unknown": None, "unknown": None, "default": None,
 }
-SSL_MODES = {"ssl": "ssl", "tls": "ssl", "starttls": "starttls", "none": "none", "plain": "none"}
 
 
 class Deadline(Exception):
@@ -272,57 +262,6 @@ def message_body(msg):
 # Configuration
 
 
-def ssl_mode(name):
-    value = env(name).lower() or "ssl"
-    if value not in SSL_MODES:
-        raise SkillError(f"{name} must be ssl, starttls or none, got '{value}'")
-    return SSL_MODES[value]
-
-
-def port_of(name, default):
-    value = env(name)
-    if not value:
-        return default
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise SkillError(f"{name} must be a port number from 1 to 65535, got '{value}'")
-    return int(value)
-
-
-def credentials(prefix):
-    user = env(f"{prefix}_USER")
-    password = os.environ.get(f"{prefix}_PASSWORD", "")
-    if user and not password:
-        raise SkillError(f"{prefix}_PASSWORD is not set (needed to log in as {prefix}_USER); "
-                   "QQ and 163 Mail need an authorization code, not the account password")
-    return user, password
-
-
-def loopback(host):
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def refuse_plain_login(prefix, mode, host, user):
-    """A password sent without TLS is readable on the network: only to loopback unless allowed."""
-    if user and mode == "none" and not loopback(host) and env(f"{prefix}_ALLOW_PLAIN_LOGIN") != "1":
-        raise SkillError(f"refusing to send {prefix}_PASSWORD in clear text to {host} ({prefix}_SSL=none): set "
-                   f"{prefix}_SSL=ssl or starttls, or {prefix}_ALLOW_PLAIN_LOGIN=1 if that network is trusted")
-
-
-def tls_context():
-    # Honours SSL_CERT_FILE / SSL_CERT_DIR (OpenSSL reads them), e.g. for a private CA.
-    return ssl.create_default_context()
-
-
-def local_name():
-    # For EHLO: smtplib's default, socket.getfqdn(), may wait for a reverse DNS lookup.
-    return socket.gethostname() or "localhost"
-
-
 # ---------------------------------------------------------------------------------------
 # Sending
 
@@ -367,49 +306,6 @@ def build_message(sender, to, subject, body):
     return msg, recipient
 
 
-class _Tracking:
-    """Notes when the message data starts to go out: after that, a cut-off send may have arrived."""
-    data_started = False
-
-    def data(self, msg):
-        self.data_started = True
-        return super().data(msg)
-
-
-class SMTPClient(_Tracking, smtplib.SMTP):
-    pass
-
-
-class SMTPSSLClient(_Tracking, smtplib.SMTP_SSL):
-    pass
-
-
-def b64(data):
-    return base64.b64encode(data).decode("ascii")
-
-
-def smtp_login(server, user, password, where):
-    """One AUTH attempt with one advertised mechanism (PLAIN, else LOGIN); UTF-8 credentials."""
-    server.ehlo_or_helo_if_needed()
-    if not server.has_extn("auth"):
-        raise smtplib.SMTPNotSupportedError("SMTP AUTH extension not supported by server.")
-    offered = server.esmtp_features["auth"].upper().split()
-    if "PLAIN" in offered:
-        code, reply = server.docmd("AUTH", "PLAIN " + b64(b"\0" + user.encode() + b"\0" + password.encode()))
-    elif "LOGIN" in offered:
-        code, reply = server.docmd("AUTH", "LOGIN")
-        if code == 334:
-            code, reply = server.docmd(b64(user.encode()))
-        if code == 334:
-            code, reply = server.docmd(b64(password.encode()))
-    else:
-        raise SkillError(f"{where} offers no login iAs supports (PLAIN or LOGIN); it offers: {' '.join(offered) or 'none'}")
-    if code == 334:                     # an unexpected challenge: give up rather than try again
-        server.docmd("*")
-    if code != 235:
-        raise smtplib.SMTPAuthenticationError(code, reply)
-
-
 def send(params):
     missing = [key for key in ("to", "subject", "body") if not isinstance(params.get(key), str)]
     if missing:
@@ -418,75 +314,15 @@ def send(params):
     if len(subject) > SUBJECT_MAX:
         raise SkillError(f"subject is longer than {SUBJECT_MAX} characters")
 
-    host = env("IAS_SMTP_HOST")
-    if not host:
+    server = smtp.server("IAS_SMTP")
+    if server is None:
         raise SkillError("sending email is not configured: set IAS_SMTP_HOST (and IAS_SMTP_USER, IAS_SMTP_PASSWORD)")
-    mode = ssl_mode("IAS_SMTP_SSL")
-    port = port_of("IAS_SMTP_PORT", {"ssl": 465, "starttls": 587, "none": 25}[mode])
-    user, password = credentials("IAS_SMTP")
-    refuse_plain_login("IAS_SMTP", mode, host, user)
-    sender = sender_address(user)
+    sender = sender_address(server.user)
     msg, recipient = build_message(sender, to, subject, body)
-
-    where = f"SMTP server {host}:{port}"
-    server = None
-    try:
-        if mode == "ssl":
-            server = SMTPSSLClient(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT,
-                                   context=tls_context())
-        else:
-            server = SMTPClient(host, port, local_hostname=local_name(), timeout=NET_TIMEOUT)
-        if mode == "starttls":
-            server.ehlo()
-            server.starttls(context=tls_context())
-            server.ehlo()
-        if user:
-            smtp_login(server, user, password, where)
-        server.send_message(msg, from_addr=sender.addr_spec, to_addrs=[recipient.addr_spec])
-    except SkillError:
-        raise
-    except (Deadline, TimeoutError, socket.timeout, smtplib.SMTPServerDisconnected) as exc:
-        if server is not None and server.data_started:
-            raise SkillError(f"{where} did not confirm the message ({network_error(exc, where, 'IAS_SMTP')}): "
-                       "delivery is unknown, it may or may not have been sent; check the Sent folder or ask "
-                       "the recipient before sending it again", delivery="unknown") from None
-        raise SkillError(network_error(exc, where, "IAS_SMTP") + "; the message was not sent") from None
-    except smtplib.SMTPAuthenticationError as exc:
-        raise SkillError(f"SMTP login as {user} failed at {where}: {smtp_reply(exc)}. Check IAS_SMTP_USER and "
-                   "IAS_SMTP_PASSWORD (QQ and 163 Mail need an authorization code)") from None
-    except smtplib.SMTPRecipientsRefused as exc:
-        reasons = "; ".join(f"{code} {text.decode('utf-8', 'replace') if isinstance(text, bytes) else text}"
-                            for code, text in exc.recipients.values())
-        raise SkillError(f"{where} refused the recipient {recipient.addr_spec}: {reasons}") from None
-    except smtplib.SMTPSenderRefused as exc:
-        raise SkillError(f"{where} refused the sender {sender.addr_spec}: {smtp_reply(exc)} (many providers "
-                   "require From to be the logged-in account)") from None
-    except smtplib.SMTPNotSupportedError as exc:
-        if "AUTH" in str(exc):
-            hint = ("; it offers no login here: if it wants TLS first set IAS_SMTP_SSL=starttls or ssl, "
-                    "for a relay without login unset IAS_SMTP_USER")
-        elif mode == "starttls":
-            hint = " (set IAS_SMTP_SSL=ssl or none)"
-        else:
-            hint = ""
-        raise SkillError(f"{where}: {str(exc).rstrip('.')}{hint}") from None
-    except Exception as exc:
-        raise SkillError(network_error(exc, where, "IAS_SMTP")) from None
-    finally:
-        if server is not None:
-            try:
-                if DEADLINE["passed"]:
-                    raise Deadline()
-                server.quit()
-            except Exception:
-                server.close()
+    smtp.send(server, msg, from_addr=sender.addr_spec, to_addrs=[recipient.addr_spec], timeout=NET_TIMEOUT,
+              explain=network_error)
     return {"success": True, "sent": True, "from": str(sender), "to": recipient.addr_spec,
             "subject": str(msg["Subject"]), "message_id": str(msg["Message-ID"])}
-
-
-def smtp_reply(exc):
-    text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
-    return f"{exc.smtp_code} {' '.join(text.split())}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -507,26 +343,23 @@ class Mailbox:
     """An IMAP session with INBOX opened read-only; use as a context manager."""
 
     def __init__(self):
-        self.host = env("IAS_IMAP_HOST")
-        if not self.host:
+        server = smtp.server("IAS_IMAP")
+        if server is None:
             raise SkillError("reading email is not configured: set IAS_IMAP_HOST (and IAS_IMAP_USER, IAS_IMAP_PASSWORD)")
-        self.mode = ssl_mode("IAS_IMAP_SSL")
-        self.port = port_of("IAS_IMAP_PORT", 993 if self.mode == "ssl" else 143)
-        self.user, self.password = credentials("IAS_IMAP")
-        refuse_plain_login("IAS_IMAP", self.mode, self.host, self.user)
-        self.where = f"IMAP server {self.host}:{self.port}"
+        self.host, self.port, self.mode = server.host, server.port, server.mode
+        self.user, self.password, self.where = server.user, server.password, server.where
         self.imap = None
 
     def __enter__(self):
         stage = "connect"
         try:
             if self.mode == "ssl":
-                self.imap = imaplib.IMAP4_SSL(self.host, self.port, ssl_context=tls_context(), timeout=NET_TIMEOUT)
+                self.imap = imaplib.IMAP4_SSL(self.host, self.port, ssl_context=smtp.tls_context(), timeout=NET_TIMEOUT)
             else:
                 self.imap = imaplib.IMAP4(self.host, self.port, timeout=NET_TIMEOUT)
                 if self.mode == "starttls":
                     stage = "starttls"
-                    self.imap.starttls(ssl_context=tls_context())
+                    self.imap.starttls(ssl_context=smtp.tls_context())
             if self.user:
                 stage = "login"
                 self.imap.login(self.user, self.password)
@@ -674,35 +507,11 @@ def read(params):
 
 def network_error(exc, where, prefix):
     """A clear one-line message for a connection or protocol failure (no traceback, no password)."""
-    if isinstance(exc, SkillError):
-        return str(exc)
     if isinstance(exc, Deadline):
         return f"{where} did not finish within {deadline_text()} (IAS_EMAIL_TIMEOUT)"
-    if isinstance(exc, smtplib.SMTPServerDisconnected):
-        if "timed out" in str(exc):
-            return f"no answer from {where} within {NET_TIMEOUT} s"
-        return f"{where} closed the connection: {exc or 'unexpectedly'}"
-    if isinstance(exc, smtplib.SMTPResponseException):
-        return f"{where} answered {smtp_reply(exc)}"
-    if isinstance(exc, smtplib.SMTPException):
-        return f"{where}: {exc}"
     if isinstance(exc, imaplib.IMAP4.error):
         return f"{where}: {imap_text(exc)}"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"the TLS certificate of {where} could not be verified ({exc.verify_message}); "
-                "for a private CA set SSL_CERT_FILE")
-    if isinstance(exc, ssl.SSLError):
-        return (f"TLS failed with {where} ({exc.reason or exc}); check {prefix}_SSL (ssl for 465/993, "
-                f"starttls for 587/143, none for plain text) and {prefix}_PORT")
-    if isinstance(exc, ConnectionRefusedError):
-        return f"connection to {where} refused; check {prefix}_HOST and {prefix}_PORT"
-    if isinstance(exc, (TimeoutError, socket.timeout)):
-        return f"no answer from {where} within {NET_TIMEOUT} s"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the host of {where}: {exc.strerror or exc}; check {prefix}_HOST"
-    if isinstance(exc, OSError):
-        return f"network error with {where}: {exc.strerror or exc}"
-    return f"unexpected error with {where}: {type(exc).__name__}: {exc}"
+    return smtp.describe(exc, where, prefix, NET_TIMEOUT)
 
 
 # ---------------------------------------------------------------------------------------
