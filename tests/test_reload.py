@@ -13,7 +13,7 @@ from ias.changes import ADDED, LOWERED, MODIFIED, Change
 from ias.llm import LLM
 from ias.registry import load_registry
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs
+from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs, granted
 from tests.test_daemon import DaemonTestCase, Lines
 
 SKILL = """# {title}
@@ -302,7 +302,7 @@ class RunningDaemonTest(DaemonTestCase):
     def test_a_skill_lowered_while_running_asks_for_the_code_until_a_restart(self):
         skills = self.tmp / "skills"
         shutil.copytree(FIXTURES / "gate", skills)
-        marker = self.tmp / "marker"
+        marker = granted("marker")        # where mark_high's ## Sandbox lets it write
         proc = self.daemon(env={"IAS_SKILLS_DIR": str(skills)})
         log, out = Lines(proc.stderr), Lines(proc.stdout)
         log.wait_for("iAs is running")
