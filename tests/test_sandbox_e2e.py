@@ -196,7 +196,8 @@ class ProbeEndToEnd:
         rows = {r["name"]: r for r in json.loads(self.copy.ias("skills", "--json").stdout)}
         self.assertEqual(rows["execute_shell"]["risk"], "high")
         verify = self.copy.ias("audit", "--verify")
-        self.assertEqual((verify.returncode, verify.stdout.strip()), (0, "audit log: chain intact"), verify.describe())
+        self.assertEqual(verify.returncode, 0, verify.describe())
+        self.assertIn("audit log: chain intact", verify.stdout)
 
     def test_network_once_declared(self):
         done = self.copy.ias("run", "probe_network", json.dumps({"server_port": self.server.port}))
