@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 
-from . import ilink, systemd
+from . import ilink, sandbox, systemd
 from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
 from .auditchain import AuditChain
@@ -134,7 +134,7 @@ def make_runner(config: Config) -> Runner:
     environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
                "IAS_DATA_DIR": str(config.data_dir.resolve())}
     return Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
-                  python=sys.executable)
+                  python=sys.executable, sandbox=sandbox.for_config(config))
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -305,7 +305,9 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             supervisor.spawn(DiskWatch(config.data_dir, lambda text: c.outbox.send(user, text, kind="notice"),
                                        statvfs=statvfs).run(), "disk watch")
             systemd.notify("READY=1\nSTATUS=serving")
-            log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
+            level = c.runner.sandbox.level()
+            log.info("iAs is running (pid %d; channels: %s; sandbox: %s)", os.getpid(), ", ".join(channels),
+                     level if level.full or level.name == "partial" else f"{level} ({level.missing})")
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -197,28 +197,34 @@ def cmd_skills(config, args) -> int:
         spec = {"name": skill.name, "title": skill.title, "description": skill.description,
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
                 "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
-                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin}
+                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin,
+                "sandbox": _sandbox_of(skill)}
         if skill.mcp is not None:
             spec.update(server=skill.mcp.server, tool=skill.mcp.tool, server_schema=skill.mcp.schema)
             del spec["execute"]
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
     rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
-             "overrides": s.overrides, "description": s.description,
+             "overrides": s.overrides, "description": s.description, "sandbox": _sandbox_of(s),
              **({"server": s.mcp.server} if s.mcp is not None else {})} for s in reg]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
     else:
-        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  MCP SERVER")
+        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  {'MCP SERVER':<12}  SANDBOX")
         for r in rows:
             print(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  "
-                  f"{'yes' if r['overrides'] else '':<9}  {r.get('server', '')}".rstrip())
+                  f"{'yes' if r['overrides'] else '':<9}  {r.get('server', ''):<12}  {r['sandbox']}")
     listed = {s.mcp.server for s in reg if s.mcp is not None}
     for name in sorted(set(reg.servers) - listed):
         print(f"mcp server {name}: tools not listed yet (run `ias skills check`)", file=sys.stderr)
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
+
+
+def _sandbox_of(skill) -> str:
+    """What `skills` says of a skill's sandbox: its `## Sandbox` (`default`, `network`, …, `unconfined`)."""
+    return "in-process" if skill.builtin else skill.sandbox.describe()
 
 
 def _over_one_request(config, reg) -> str | None:
@@ -340,7 +346,16 @@ async def cmd_doctor(config) -> int:
         line(True, "secret key", f"{config.key_file} (0600)")
     except IasError as exc:
         line(False, "secret key", str(exc))
+    from .sandbox import for_config
+    level = for_config(config).level()
+    line(level.full or (None if config.sandbox_allow_partial else False), "sandbox",
+         str(level) + ("" if level.full else f" ({level.missing})" if level.name == "none" else "")
+         + ("; user skills and MCP servers load anyway ([sandbox] allow_partial)" if not level.full and
+            config.sandbox_allow_partial else ""))
     reg = registry(config)
+    unconfined = sorted(s.name for s in reg if s.sandbox.unconfined)
+    if unconfined:
+        line(None, "unconfined", f"run outside the sandbox, each call approved by code: {', '.join(unconfined)}")
     line(not reg.problems, "skills", f"{len(reg)} loaded, {len(reg.problems)} not loaded"
          + "".join(f"\n      {p}" for p in reg.problems))
     too_many = _over_one_request(config, reg)

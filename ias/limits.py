@@ -10,9 +10,11 @@ OUTPUT_HELD_MAX = 1024 * 1024       # bytes of output ever held; past that the g
 STDERR_HELD_MAX = 64 * 1024         # bytes of stderr kept (the tail)
 ERROR_TAIL = 2000                   # characters of stderr/stdout tail in an error result
 KILL_POLL = 0.05                    # seconds between checks that a terminated group is gone
+LEFTOVER_POLL = 0.002               # seconds between checks that a sandbox's pid namespace is gone after its script
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
 SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
+SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and /tmp each (tmpfs: memory, used only as filled)
 
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing

@@ -23,7 +23,7 @@ from ias.results import interrupted
 from ias.runner import identity
 from ias.store import AuditEntry, Store
 from ias.unwritten import FILE, End
-from tests.support import FIXTURES, FakeOwner, GateTestCase, test_chain, until
+from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env
 from tests.test_runner import running
 
 
@@ -41,23 +41,25 @@ class FinishTest(GateTestCase):
     user_skills = FIXTURES / "daemon"
 
     async def approved_nap(self, gate: Gate, approvals: Approvals, owner: FakeOwner):
-        """Start nap_high through `gate`, confirm it, wait until it runs; (task, bash pid, wake file)."""
-        pidfile, wake = self.tmp / f"pid-{uuid.uuid4().hex[:6]}", self.tmp / f"wake-{uuid.uuid4().hex[:6]}"
+        """Start nap_high through `gate`, confirm it, wait until it runs; (task, the host pids of its processes,
+        wake file)."""
+        pidfile, wake = granted("pid"), granted("wake")
         call = asyncio.create_task(gate.call("owner", "nap_high", {"pidfile": str(pidfile), "wake": str(wake)},
                                              owner.notify))
         self.assertEqual(await approvals.redeem("owner", await owner.code()), "已确认，正在执行：nap_high")
-        return call, int(await wait_for_text(pidfile)), wake
+        await wait_for_text(pidfile)
+        return call, with_env(f"IAS_PARAM_PIDFILE={pidfile}"), wake
 
     def finish_rows(self) -> list[tuple]:
         return self.sql("SELECT event, decision, detail FROM audit_log WHERE event LIKE 'skill_%%' ORDER BY id")
 
     async def test_a_cancelled_turn_still_records_the_end_and_the_result(self):
-        call, bash, _ = await self.approved_nap(self.gate, self.approvals, self.owner)
+        call, pids, _ = await self.approved_nap(self.gate, self.approvals, self.owner)
         call.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await call
         self.assertTrue(await self.gate.drain(5))
-        await until(lambda: not running(bash), 5)      # SIGKILL was sent; its delivery takes a moment
+        await until(lambda: not any(map(running, pids)), 5)      # SIGKILL was sent; its delivery takes a moment
         (started, _, tag), (finished, decision, tag2) = self.finish_rows()
         self.assertEqual((started, finished, decision, tag2), ("skill_started", "skill_finished", "cancelled", tag))
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], interrupted("nap_high"))
