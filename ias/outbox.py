@@ -154,7 +154,7 @@ class Outbox:
         self._locks: dict[str, asyncio.Lock] = {}
         self._held: dict[str, _Held] = {}
         self.monotonic = monotonic
-        self._awaiting: dict[str, float] = {}       # user -> monotonic time until which what waits is held for an answer
+        self._awaiting: dict[str, tuple[int, float]] = {}   # user -> (answers awaited, held until: monotonic)
         self._answer: dict[str, set[int]] = {}      # user -> the parts of the answer to their latest message
         self.keeper_asks = 0
 
@@ -181,16 +181,21 @@ class Outbox:
     async def flush(self, user_id: str, answer: list[OutboxRow] | None = None) -> set[int]:
         """Deliver the user's queued parts within what each channel takes now: the answer to their latest
         message first (`answer`, when it was just queued), then the rest oldest first; the ids sent.
-        While an answer is awaited (the owner wrote), nothing else goes."""
+        While the owner waits for an answer (they wrote; OUTBOX_ANSWER_HOLD at most), only answers go."""
         sent: set[int] = set()
         async with self._lock(user_id):
+            awaited, until = self._awaiting.pop(user_id, (0, 0.0))
             if answer is not None:
-                self._awaiting.pop(user_id, None)
+                awaited -= 1
                 self._answer[user_id] = {row.id for row in answer}
-            elif self._awaiting.get(user_id, 0) > self.monotonic():
-                return sent
+            if awaited > 0 and until > self.monotonic():
+                self._awaiting[user_id] = (awaited, until)
+            else:
+                awaited = 0
             first = self._answer.get(user_id, set())
             rows = await self.store.queued(user_id)
+            if awaited:
+                rows = [row for row in rows if row.id in first]     # another answer is still to come
             order = sorted(rows, key=lambda r: (r.channel, r.id not in first, r.id))
             for name, group in groupby(order, key=lambda r: r.channel):
                 await self._flush_channel(user_id, name, list(group), sent, first)
@@ -318,7 +323,8 @@ class Outbox:
         if consumed or (waiting and word in CONTINUE_WORDS):
             await self.flush(user_id)
             return True
-        self._awaiting[user_id] = self.monotonic() + limits.OUTBOX_ANSWER_HOLD     # its answer goes first
+        awaited, _ = self._awaiting.get(user_id, (0, 0.0))      # its answer goes first
+        self._awaiting[user_id] = (awaited + 1, self.monotonic() + limits.OUTBOX_ANSWER_HOLD)
         return False
 
     # -- confirmation messages ---------------------------------------------------------------------

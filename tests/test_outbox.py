@@ -469,12 +469,27 @@ class RepliesFirstTest(OutboxTestCase):
         for i in range(3):
             await self.outbox.send(self.ilink.owner, f"提醒{i}", kind="reminder", due=self.clock.at)
         before = len(self.ilink.sent)
-        await self.outbox.inbound(self.ilink.owner, self.channel.name, "今天天气怎么样")
+        for question in ("今天天气怎么样", "明天呢"):                 # two questions in a row
+            self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, question))
         self.channel._peers[self.ilink.owner].last_inbound = self.clock()     # what the channel records
-        await self.outbox.tick()                                    # the turn still runs: nothing goes
+        await self.outbox.tick()                                    # the turns still run: nothing goes
         self.assertEqual(len(self.ilink.sent), before)
         self.assertEqual(await self.outbox.send(self.ilink.owner, "晴，25 度。"), "delivered")
-        self.assertEqual(texts(self.ilink)[before:], ["晴，25 度。", "提醒0", "提醒1", "提醒2"])
+        self.assertEqual(texts(self.ilink)[before:], ["晴，25 度。"])             # the second answer is still due
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "多云。"), "delivered")
+        self.assertEqual(texts(self.ilink)[before:], ["晴，25 度。", "多云。", "提醒0", "提醒1", "提醒2"])
+
+    async def test_what_waits_is_held_for_an_answer_that_never_comes_only_so_long(self):
+        await self.start()
+        await self.outbox.send(self.ilink.owner, "提醒", kind="reminder", due=self.clock.at)
+        self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, "你好"))
+        self.channel._peers[self.ilink.owner].last_inbound = self.clock()
+        await self.outbox.tick()
+        self.assertEqual(self.ilink.sent, [])                       # its turn failed without a queued answer
+        later = self.outbox.monotonic() + limits.OUTBOX_ANSWER_HOLD
+        self.outbox.monotonic = lambda: later
+        await self.outbox.tick()
+        self.assertEqual(texts(self.ilink), ["提醒"])
 
     async def test_a_400000_character_reply_is_at_most_20_parts_and_does_not_hold_up_the_next_answer(self):
         await self.start()
