@@ -103,6 +103,11 @@ WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send th
 OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)
 OUTBOX_RETRY_FIRST = 30.0           # seconds before retrying a part after a transient error; doubled per attempt
 OUTBOX_RETRY_MAX = 1800.0           # seconds between retries at most
+OUTBOX_UNKNOWN_WAIT = 600.0         # seconds before a part whose send got no answer (timeout, or a stop mid-send) is sent
+                                    # again under its client_id: far past anything the service may still complete
+OUTBOX_SEND_GRACE = 5.0             # seconds a stop waits for a send in flight to be answered and recorded
+OUTBOX_PARTS_MAX = 20               # parts of one message; the rest is cut, with a note
+OUTBOX_ANSWER_HOLD = 300.0          # seconds queued parts wait for the answer to the owner's latest message at most
 KEEPER_LEAD = 3 * 3600.0            # seconds before the window closes that the keeper asks the owner to write
 NOTIFY_TIMEOUT = 15.0               # seconds per fallback request (HTTP or SMTP)
 NOTIFY_ATTEMPTS = 3                 # tries per fallback notifier before the failure is recorded

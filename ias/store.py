@@ -847,6 +847,13 @@ class Store:
         async with self._conn() as conn:
             await conn.execute("UPDATE outbox SET reason = %s WHERE id = ANY(%s) AND state = 'queued'", (reason, ids))
 
+    async def note_retry(self, row_id: int, reason: str, next_try_at: datetime | None) -> None:
+        """Why this queued part waits and when it may be tried next (None: whenever the channel takes it);
+        no attempt counted."""
+        async with self._conn() as conn:
+            await conn.execute("UPDATE outbox SET reason = %s, next_try_at = %s WHERE id = %s AND state = 'queued'",
+                               (reason, next_try_at, row_id))
+
     async def note_failure(self, row_id: int, reason: str, next_try_at: datetime) -> int:
         """A failed attempt: count it, say why, and not again before `next_try_at`; returns the attempts."""
         async with self._conn() as conn:

@@ -10,6 +10,8 @@ import time
 import unittest
 from pathlib import Path
 
+import psycopg
+
 from ias.channels.wechat import WeChatChannel
 from ias.ilink import Credentials
 from ias.llm import LLM
@@ -134,6 +136,26 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         self.assertIn("mark_high（高风险）", texts[1])
         resumed = self.ilink.calls("/ilink/bot/getupdates")[polls_before]
         self.assertEqual(resumed.body["get_updates_buf"], "buf-1")          # the stored cursor
+        self.assertEqual(self.ilink.problems, [])
+
+    def test_sigterm_while_a_reply_is_being_sent_waits_for_its_mark_and_never_sends_it_again(self):
+        first = self.daemon()
+        self.ilink.send_replies = [{"ret": 0, "hold": 2.0}]      # the reply lands; its answer comes 2 s later
+        self.ilink.message("/help")
+        self.wait_sent(1)
+        self.stop(first)                                        # SIGTERM between the post and its mark
+        with psycopg.connect(self.dsn) as conn:
+            states = conn.execute("SELECT state, client_id FROM outbox").fetchall()
+        self.assertEqual(states, [("sent", self.ilink.sent[0]["client_id"])])
+
+        second = self.daemon()
+        self.ilink.message("/skills")
+        self.wait_sent(2)
+        self.stop(second)
+        texts = [m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent]
+        self.assertEqual(len(texts), 2, texts)
+        self.assertIn("/reset", texts[0])
+        self.assertIn("mark_high（高风险）", texts[1])
         self.assertEqual(self.ilink.problems, [])
 
 
