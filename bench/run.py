@@ -413,6 +413,35 @@ def bench_scale() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+AUDIT_ROWS = 1_000_000          # rows of the audit log the retention figures are measured over
+
+
+def fill_audit(dsn: str, chain, rows: int) -> None:
+    """`rows` keyed audit rows appended to the log of `dsn`, chained in Python and COPYed in (a turn's
+    worth of a call each: started, then finished with its exit code), and the head recorded."""
+    from datetime import datetime, timedelta, timezone
+    import psycopg
+    from ias.auditchain import Head, advance, seal
+    from ias.store import ChainRow
+    columns = [f.name for f in ChainRow.__dataclass_fields__.values() if f.name != "digest"]
+    start = datetime.now(timezone.utc) - timedelta(days=400)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(first, previous)] = conn.execute("SELECT coalesce(max(id), 0) + 1, coalesce((SELECT hash FROM audit_log "
+                                           "ORDER BY id DESC LIMIT 1), '') FROM audit_log").fetchall()
+        with conn.transaction(), conn.cursor().copy(f"COPY audit_log ({', '.join(columns)}) FROM STDIN") as copy:
+            for row_id in range(first, first + rows):
+                finished = row_id % 2 == 0
+                row = ChainRow(row_id, start + timedelta(milliseconds=30 * row_id),
+                               "skill_finished" if finished else "skill_started", "owner", "query_weather",
+                               '{"city": "北京", "days": 3}', "low", None, None, 0 if finished else None,
+                               120 if finished else None, 2048 if finished else None, False if finished else None,
+                               f"call={row_id // 2:032x} pid=1 start=1", previous, "")
+                previous = seal(chain.key, row)
+                copy.write_row([*(getattr(row, name) for name in columns[:-1]), previous])
+        conn.execute("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), %s)", (first + rows - 1,))
+    advance(chain.head, Head(first + rows - 1, previous))
+
+
 def _all_tools_bytes(root: Path) -> int:
     from ias.ranker import Catalog
     _, size = Catalog(load_registry(REPO / "resources/skills", root), 128, 1 << 30).totals()

@@ -182,7 +182,37 @@ DROP FUNCTION audit_chain();
 DROP FUNCTION audit_digest(audit_log);
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT)
+# Version 4: retention. The calls in flight (a skill_started row without its end), kept beside
+# the log by the store as it appends, so a daemon start finds them without scanning the log;
+# and the keyed checkpoint `ias audit --prune-before` leaves where it cut the log (one row:
+# the last removed row's id and value, sealed with the chain key, see auditchain.py).
+_RETENTION = """
+CREATE TABLE calls_in_flight (
+    call     text PRIMARY KEY,
+    audit_id bigint NOT NULL
+);
+INSERT INTO calls_in_flight (call, audit_id)
+    SELECT DISTINCT ON (s.detail) s.detail, s.id FROM audit_log s
+    WHERE s.event = 'skill_started' AND s.detail LIKE 'call=%'
+      AND NOT EXISTS (SELECT 1 FROM audit_log f WHERE f.event IN ('skill_finished', 'skill_interrupted')
+                      AND f.detail = s.detail)
+    ORDER BY s.detail, s.id;
+
+CREATE TABLE audit_checkpoint (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    last_id    bigint NOT NULL,
+    last_value text NOT NULL,
+    pruned     bigint NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    seal       text NOT NULL
+);
+
+CREATE INDEX messages_at ON messages (at);
+CREATE INDEX outbox_done ON outbox (done_at) WHERE state <> 'queued';
+CREATE INDEX task_runs_finished ON task_runs (finished_at) WHERE finished_at IS NOT NULL;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

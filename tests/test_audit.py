@@ -13,7 +13,6 @@ import sys
 import tempfile
 import unittest
 import uuid
-from contextlib import aclosing
 from pathlib import Path
 
 import psycopg
@@ -269,8 +268,9 @@ class KeyedChainTest(ChainTestCase):
 
     async def test_the_log_is_read_in_batches_in_order(self):
         ids = await self.write(7)
-        async with aclosing(self.store.audit_chain(batch=3)) as batches:
-            self.assertEqual([[row.id for row in batch] async for batch in batches], [ids[:3], ids[3:6], ids[6:]])
+        async with self.store.audit_chain(batch=3) as (checkpoint, batches):
+            self.assertIsNone(checkpoint)
+            self.assertEqual([[row[0] for row in batch] async for batch in batches], [ids[:3], ids[3:6], ids[6:]])
 
     async def test_no_key_no_audit_row_and_no_state_change(self):
         """A state change and its audit row commit together: without the chain key nothing is written."""
