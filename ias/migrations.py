@@ -185,18 +185,17 @@ DROP FUNCTION audit_digest(audit_log);
 # Version 4: retention. The calls in flight (a skill_started row without its end), kept beside
 # the log by the store as it appends, so a daemon start finds them without scanning the log;
 # and the keyed checkpoint `ias audit --prune-before` leaves where it cut the log (one row:
-# the last removed row's id and value, sealed with the chain key, see auditchain.py).
+# the last removed row's id and value, sealed with the chain key, see auditchain.py). The calls
+# in flight are found with one pass over the log (grouped by call tag, whatever the plan).
 _RETENTION = """
 CREATE TABLE calls_in_flight (
     call     text PRIMARY KEY,
     audit_id bigint NOT NULL
 );
 INSERT INTO calls_in_flight (call, audit_id)
-    SELECT DISTINCT ON (s.detail) s.detail, s.id FROM audit_log s
-    WHERE s.event = 'skill_started' AND s.detail LIKE 'call=%'
-      AND NOT EXISTS (SELECT 1 FROM audit_log f WHERE f.event IN ('skill_finished', 'skill_interrupted')
-                      AND f.detail = s.detail)
-    ORDER BY s.detail, s.id;
+    SELECT detail, min(id) FROM audit_log
+    WHERE event IN ('skill_started', 'skill_finished', 'skill_interrupted') AND detail LIKE 'call=%'
+    GROUP BY detail HAVING bool_and(event = 'skill_started');
 
 CREATE TABLE audit_checkpoint (
     one        boolean PRIMARY KEY DEFAULT true CHECK (one),
