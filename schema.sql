@@ -64,12 +64,26 @@ CREATE OR REPLACE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
     FOR EACH STATEMENT EXECUTE FUNCTION audit_refuse();
 
 -- The calls in flight: a skill_started row whose call tag no skill_finished or skill_interrupted
--- row shares yet. Kept by the store in the transaction of each such row, so a daemon start finds
--- the interrupted calls without scanning the log.
+-- row shares yet. Kept by a trigger in the transaction of each such row (bookkeeping only: the
+-- log stays the record), so a daemon start finds the interrupted calls without scanning the log.
 CREATE TABLE IF NOT EXISTS calls_in_flight (
     call     text PRIMARY KEY,
     audit_id bigint NOT NULL
 );
+
+CREATE OR REPLACE FUNCTION audit_calls_in_flight() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.detail LIKE 'call=%' THEN
+        IF NEW.event = 'skill_started' THEN
+            INSERT INTO calls_in_flight (call, audit_id) VALUES (NEW.detail, NEW.id) ON CONFLICT DO NOTHING;
+        ELSIF NEW.event IN ('skill_finished', 'skill_interrupted') THEN
+            DELETE FROM calls_in_flight WHERE call = NEW.detail;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER audit_log_calls AFTER INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_calls_in_flight();
 
 -- Where `ias audit --prune-before` cut the log (one row): the last removed row's id and value,
 -- the rows removed so far, sealed with the chain key (ias/auditchain.py). `--verify` starts from

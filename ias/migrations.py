@@ -183,7 +183,7 @@ DROP FUNCTION audit_digest(audit_log);
 """
 
 # Version 4: retention. The calls in flight (a skill_started row without its end), kept beside
-# the log by the store as it appends, so a daemon start finds them without scanning the log;
+# the log by a trigger on every insert, so a daemon start finds them without scanning the log;
 # and the keyed checkpoint `ias audit --prune-before` leaves where it cut the log (one row:
 # the last removed row's id and value, sealed with the chain key, see auditchain.py). The calls
 # in flight are found with one pass over the log (grouped by call tag, whatever the plan).
@@ -196,6 +196,19 @@ INSERT INTO calls_in_flight (call, audit_id)
     SELECT detail, min(id) FROM audit_log
     WHERE event IN ('skill_started', 'skill_finished', 'skill_interrupted') AND detail LIKE 'call=%'
     GROUP BY detail HAVING bool_and(event = 'skill_started');
+CREATE FUNCTION audit_calls_in_flight() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.detail LIKE 'call=%' THEN
+        IF NEW.event = 'skill_started' THEN
+            INSERT INTO calls_in_flight (call, audit_id) VALUES (NEW.detail, NEW.id) ON CONFLICT DO NOTHING;
+        ELSIF NEW.event IN ('skill_finished', 'skill_interrupted') THEN
+            DELETE FROM calls_in_flight WHERE call = NEW.detail;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER audit_log_calls AFTER INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_calls_in_flight();
 
 CREATE TABLE audit_checkpoint (
     one        boolean PRIMARY KEY DEFAULT true CHECK (one),

@@ -198,10 +198,6 @@ _AUDIT_CHAIN_ROWS = (
     "a.prev_hash, a.id, extract(epoch FROM a.at)::text, a.event, a.user_id, a.skill_name, a.params, a.risk, "
     "a.approval_id, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail)::text, "
     "'UTF8')), 'hex') END FROM audit_log a ORDER BY a.id")
-# A call's start and end, kept in calls_in_flight as its rows are appended (the call tag: `detail`).
-_CALL_OPENED = "INSERT INTO calls_in_flight (call, audit_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-_CALL_CLOSED = "DELETE FROM calls_in_flight WHERE call = %s"
-_CALL_EVENTS = {"skill_started": _CALL_OPENED, "skill_finished": _CALL_CLOSED, "skill_interrupted": _CALL_CLOSED}
 TOO_DEEP = "…(nested too deep to store)"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -486,9 +482,6 @@ class Store:
         row = ChainRow(**values, hash="")
         row = replace(row, hash=auditchain.seal(self.chain.key, row))
         await conn.execute(_AUDIT_INSERT, [getattr(row, name) for name in _CHAIN_COLUMNS])
-        call = _CALL_EVENTS.get(row.event) if (row.detail or "").startswith("call=") else None
-        if call is not None:
-            await conn.execute(call, (row.detail, row.id) if call is _CALL_OPENED else (row.detail,))
         if head is not None and held != head.value:
             if not self._lost_told:
                 log.error("the audit log no longer holds row %d as recorded in %s (rows removed or altered); "
@@ -590,7 +583,7 @@ class Store:
 
     async def unfinished_calls(self) -> list[AuditRow]:
         """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares,
-        oldest first: the calls in flight, which the store keeps beside the log (no scan of it)."""
+        oldest first: the calls in flight, which a trigger keeps beside the log (no scan of it)."""
         async with self._conn() as conn:
             cur = await conn.execute(
                 "SELECT s.* FROM calls_in_flight c JOIN audit_log s ON s.id = c.audit_id ORDER BY s.id")

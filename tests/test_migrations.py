@@ -182,8 +182,10 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         await self.open(migrated_dsn)
         sql(whole_dsn, (REPO / "schema.sql").read_text())
         built, described = await asyncio.to_thread(catalog, migrated), await asyncio.to_thread(catalog, whole)
-        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 4)   # the query sees them (+ version, outbox, calls_in_flight, audit_checkpoint)
-        self.assertEqual([row[0] for row in built["functions"]], ["audit_refuse", "scheduled_tasks_notify"])
+        # the query sees them (+ version, outbox, calls_in_flight, audit_checkpoint)
+        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 4)
+        self.assertEqual([row[0] for row in built["functions"]],
+                         ["audit_calls_in_flight", "audit_refuse", "scheduled_tasks_notify"])
         for kind in CATALOG:
             self.assertEqual(built[kind], described[kind], kind)
         self.assertEqual(self.versions(migrated_dsn), self.versions(whole_dsn))
