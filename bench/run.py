@@ -435,7 +435,7 @@ def fill_audit(dsn: str, chain, rows: int) -> None:
                                "skill_finished" if finished else "skill_started", "owner", "query_weather",
                                '{"city": "北京", "days": 3}', "low", None, None, 0 if finished else None,
                                120 if finished else None, 2048 if finished else None, False if finished else None,
-                               f"call={row_id // 2:032x} pid=1 start=1", previous, "")
+                               f"call={(row_id + 1) // 2:032x} pid=1 start=1", previous, "")
                 previous = seal(chain.key, row)
                 copy.write_row([*(getattr(row, name) for name in columns[:-1]), previous])
         conn.execute("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), %s)", (first + rows - 1,))

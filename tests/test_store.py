@@ -375,7 +375,7 @@ class RetentionTest(StoreTestCase):
         self.assertEqual(self.sql("SELECT count(*) FROM messages"), [(0,)])
 
     async def test_calls_in_flight_are_found_without_the_log(self):
-        """unfinished_calls reads the calls in flight the store keeps as it appends, not the log."""
+        """unfinished_calls reads the calls in flight a trigger keeps as rows are appended, not the log."""
         tags = [f"call={i:032x} pid=1 start=1" for i in range(3)]
         for tag in tags:
             await self.store.audit(AuditEntry("skill_started", skill_name="s", detail=tag))
