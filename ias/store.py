@@ -550,6 +550,14 @@ class Store:
         """
         if self.chain is None:
             raise StoreError("no audit chain key: the audit log cannot be pruned")
+        try:
+            return await self._prune_audit(before, reason)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:                # e.g. not the table's owner: nothing was removed
+            raise StoreError(f"cannot prune the audit log: {_first_line(exc)}") from None
+
+    async def _prune_audit(self, before: datetime, reason: str) -> Pruned | None:
         async with self._tx() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
             cur = await conn.execute(
