@@ -9,11 +9,18 @@ Tool calls go through the gate, so the model sees results and the fixed refusal 
 the approval itself. At most TOOL_CALLS_MAX calls of one model response run; the rest are
 answered as refused, and the history keeps the model's calls only within those bounds
 (`results.calls_for_history`), so nothing the model sends grows later requests without limit.
-History is stored per user; a bounded window is sent back each turn.
+History is stored per user; a bounded window is sent back each turn. The owner's message is
+stored whatever the model did (an answer, a failure, a stall).
+
+A turn has a total deadline (IAS_TURN_TIMEOUT) that stops while the owner is asked for a code
+(`TurnClock`); past it the owner gets TURN_TIMEOUT and the turn ends, so the user's next message
+(a /command too) waits at most that long. An empty final answer never reaches the owner as
+silence: they get the gist of the last tool result, or NO_ANSWER.
 Not handled: streaming replies, images, summarising history that falls out of the window.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import datetime, timedelta, timezone
@@ -22,7 +29,7 @@ from typing import Callable
 from . import results
 from .approval import Notify, TurnBudget
 from .gate import Gate
-from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX
+from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
 from .ranker import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
 from .registry import Registry
 from .store import AuditEntry, Store
@@ -42,6 +49,8 @@ NO_LLM = "还没有配置大模型：请设置 OPENAI_API_KEY（可选 OPENAI_BA
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
 TOOLS_REFUSED = ("大模型服务拒绝了这次请求的工具列表（技能太多或定义太长）：请调低 IAS_MAX_TOOLS 或 "
                  "IAS_TOOLS_BYTES，或减少技能。")
+TURN_TIMEOUT_REPLY = "抱歉，这次处理超时了，请稍后再试。"
+NO_ANSWER = "（模型没有给出回答）"
 TOO_MANY_ROUNDS = f"这个请求需要的步骤太多（超过 {AGENT_MAX_ROUNDS} 轮），已停止。请把任务拆小一点再试。"
 
 
@@ -66,7 +75,8 @@ class Agent:
 
     def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *, catalog: Catalog,
                  now: Callable[[], datetime] | None = None,
-                 max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW):
+                 max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW,
+                 turn_timeout: float = TURN_TIMEOUT):
         self.registry = registry
         self.catalog = catalog
         self.gate = gate
@@ -75,6 +85,7 @@ class Agent:
         self.now = now or (lambda: datetime.now(timezone.utc))
         self.max_rounds = max_rounds
         self.window = window
+        self.turn_timeout = turn_timeout
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
@@ -105,41 +116,56 @@ class Agent:
         return f"未知命令：{name}\n\n{HELP}"
 
     async def chat(self, user_id: str, text: str, notify: Notify | None) -> str:
+        """A turn with the model, within the turn deadline; the owner's message and what came of it are
+        stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import LLMError, ToolsRefused
-        history = _window(await self.store.recent_messages(user_id, self.window))
         new: list[dict] = [{"role": "user", "content": text}]
-        reply = TOO_MANY_ROUNDS
-        turn = TurnBudget()
+        clock = TurnClock(self.turn_timeout)
+        try:
+            async with clock.deadline():
+                reply = await self._rounds(user_id, text, new, notify, clock)
+        except LLMError as exc:
+            log.error("turn for %s failed: %s", user_id, exc)
+            reply = TOOLS_REFUSED if isinstance(exc, ToolsRefused) else APOLOGY
+        except TimeoutError:
+            if not clock.expired():
+                raise
+            log.error("turn for %s passed its deadline of %gs", user_id, self.turn_timeout)
+            reply = TURN_TIMEOUT_REPLY
+        _answer_open_calls(new)
+        new.append({"role": "assistant", "content": reply})
+        await self.store.append_messages(user_id, new)
+        return reply
+
+    async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
+                      clock: TurnClock) -> str:
+        """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply."""
+        history = _window(await self.store.recent_messages(user_id, self.window))
         query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
                                   and isinstance(m.get("content"), str))][:3])
         recent = _used(history)
         keep: list[str] = []            # found or used in this turn, newest first
-        try:
-            for _ in range(self.max_rounds):
-                messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
-                tools = self.catalog.select(query, [*keep, *recent])
-                answer = await self.llm.complete(messages, tools)
-                new.append(results.calls_for_history(answer.message()))
-                if not answer.tool_calls:
-                    reply = answer.content or ""
-                    break
-                excess = answer.tool_calls[TOOL_CALLS_MAX:]
-                if excess:
-                    await self._refuse(user_id, excess)
-                for call in answer.tool_calls[:TOOL_CALLS_MAX]:
-                    result = await self.gate.call(user_id, call.name, call.arguments, notify, turn)
-                    keep[:0] = [*_found(self.registry.get(call.name), result), call.name]
-                    new.append({"role": "tool", "tool_call_id": call.id, "content": results.for_history(result)})
-                new.extend({"role": "tool", "tool_call_id": call.id,     # every call answered: the API wants it
-                            "content": results.for_history(results.too_many_calls(call.name))} for call in excess)
-            else:
-                new.append({"role": "assistant", "content": reply})
-        except LLMError as exc:
-            log.error("turn for %s failed: %s", user_id, exc)
-            reply = TOOLS_REFUSED if isinstance(exc, ToolsRefused) else APOLOGY
-            new.append({"role": "assistant", "content": reply})
-        await self.store.append_messages(user_id, new)
-        return reply
+        last: dict | None = None        # the turn's last tool result
+        for _ in range(self.max_rounds):
+            messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
+            tools = self.catalog.select(query, [*keep, *recent])
+            answer = await self.llm.complete(messages, tools)
+            if not answer.tool_calls:
+                return answer.content if answer.content and answer.content.strip() else _gist(last)
+            new.append(results.calls_for_history(answer.message()))
+            excess = answer.tool_calls[TOOL_CALLS_MAX:]
+            if excess:
+                await self._refuse(user_id, excess)
+            for call in answer.tool_calls[:TOOL_CALLS_MAX]:
+                try:
+                    last = await self.gate.call(user_id, call.name, call.arguments, notify, clock)
+                finally:
+                    clock.resume()
+                keep[:0] = [*_found(self.registry.get(call.name), last), call.name]
+                new.append({"role": "tool", "tool_call_id": call.id, "content": results.for_history(last)})
+            new.extend({"role": "tool", "tool_call_id": call.id,     # every call answered: the API wants it
+                        "content": results.for_history(results.too_many_calls(call.name))} for call in excess)
+        return TOO_MANY_ROUNDS
 
     async def _refuse(self, user_id: str, calls) -> None:
         """Calls past the first TOOL_CALLS_MAX of one model response are not run: one audit row for them all."""
@@ -166,3 +192,77 @@ def _found(skill, result: dict) -> list[str]:
         return []
     return [item["name"] for item in result.get("skills", ()) if isinstance(item, dict)
             and isinstance(item.get("name"), str)]
+
+
+class TurnClock(TurnBudget):
+    """One turn's approval budget and its deadline, which stops while the owner is asked for a code.
+
+    Approvals.request counts `asked` up right before it asks the owner and waits for the code (a
+    refused approval is not counted): from then until that tool call returns (`resume`), the
+    deadline is stopped. So the skill's run after approval is not counted either; its own timeout
+    bounds it.
+    """
+    __slots__ = ("_count", "_timeout", "_scope", "_left")
+
+    def __init__(self, timeout: float) -> None:
+        self._count = 0
+        self._timeout = timeout
+        self._scope: asyncio.Timeout | None = None
+        self._left: float | None = None         # seconds left, while stopped
+        super().__init__()
+
+    @property
+    def asked(self) -> int:
+        return self._count
+
+    @asked.setter
+    def asked(self, value: int) -> None:
+        if value > self._count:
+            self._stop()
+        self._count = value
+
+    def deadline(self) -> asyncio.Timeout:
+        """The turn's scope: `async with clock.deadline():` raises TimeoutError once the time is up."""
+        self._scope = asyncio.timeout(self._timeout)
+        return self._scope
+
+    def expired(self) -> bool:
+        return self._scope is not None and self._scope.expired()
+
+    def _stop(self) -> None:
+        if self._scope is not None and self._left is None and self._scope.when() is not None:
+            self._left = self._scope.when() - asyncio.get_running_loop().time()
+            self._scope.reschedule(None)
+
+    def resume(self) -> None:
+        """The owner was asked during the tool call that just returned: the deadline runs again."""
+        if self._left is not None and self._scope is not None:
+            self._scope.reschedule(asyncio.get_running_loop().time() + self._left)
+            self._left = None
+
+
+def _answer_open_calls(new: list[dict]) -> None:
+    """Answer the calls of the last assistant message that have no result yet (the turn's deadline came
+    during them) as interrupted, so the stored history stays a conversation the API accepts."""
+    for i in range(len(new) - 1, -1, -1):
+        calls = new[i].get("tool_calls")
+        if new[i].get("role") == "assistant" and calls:
+            answered = {m.get("tool_call_id") for m in new[i + 1:]}
+            new.extend({"role": "tool", "tool_call_id": call["id"],
+                        "content": results.for_history(results.interrupted(call["function"]["name"]))}
+                       for call in calls if call["id"] not in answered)
+            return
+        if new[i].get("role") == "user":
+            return
+
+
+def _gist(result: dict | None) -> str:
+    """What the owner gets when the model's final answer is empty: the last tool result's error or
+    output, short, else NO_ANSWER."""
+    if result is not None:
+        for key in ("error", "output"):
+            value = result.get(key)
+            if isinstance(value, str) and value.strip():
+                value = value.strip()
+                return value if len(value) <= TOOL_GIST_MAX else value[:TOOL_GIST_MAX] + "…"
+    return NO_ANSWER

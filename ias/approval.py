@@ -10,6 +10,9 @@ deletes the row gets a `tampered` ending, never a run. The store gets finished v
 over the params as the row will hold them (`Store.normalised`), and each transition's audit row.
 The message shows characters by an allow-list (`escape_visible`) and labels only what the
 skill's schema declares.
+The time limit is the daemon's own, on the monotonic clock: the wait's timer, and a deadline
+checked before each code. The row's `expires_at` is stamped by the database's wall clock and
+only informs; a jump of the wall clock neither ends an approval early nor keeps it open.
 A call is not asked at all when its message would not fit one WeChat message, or when the
 owner's message that led to it already asked APPROVALS_PER_TURN approvals (`TurnBudget`).
 Not handled: approving from a different user or channel than the one the call came from.
@@ -24,6 +27,7 @@ import logging
 import os
 import re
 import secrets
+import time
 import unicodedata
 import uuid
 from dataclasses import dataclass, replace
@@ -264,6 +268,7 @@ class _Waiter:
     skill: Skill
     done: asyncio.Future
     lock: asyncio.Lock          # one transition at a time, so a settled outcome is never second-guessed
+    deadline: float = float("inf")      # monotonic; set when the wait starts, after the message went out
 
 
 def _tampering(row: Approval | None, bound: Approval) -> str | None:
@@ -289,10 +294,11 @@ class Approvals:
     the approval ends `tampered` (the model hears it was not confirmed), whatever ends it.
     """
 
-    def __init__(self, store: Store, key: bytes, timeout: float):
+    def __init__(self, store: Store, key: bytes, timeout: float, monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.key = key
         self.timeout = timeout
+        self.monotonic = monotonic
         self._waiting: dict[str, _Waiter] = {}
         self._turns = UserLocks()
 
@@ -362,6 +368,7 @@ class Approvals:
             if not delivered:
                 log.warning("approval %s for %s could not be delivered; ending it as expired", approval_id, skill.name)
                 return await self._close(waiter, "expired", "delivery_failed")
+            waiter.deadline = self.monotonic() + self.timeout
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter.done), self.timeout)
             except asyncio.TimeoutError:
@@ -391,12 +398,15 @@ class Approvals:
         async with waiter.lock:
             if (settled := self._settled(waiter)) is not None:
                 return settled
-            bound = waiter.approval
-            row = await self.store.close_approval(bound.id, status, self._entry(bound, status, waiter.skill.risk, detail),
-                                                  bound)
-            if row is not None:
-                return self._settle(waiter, Outcome(status, None))
-            return await self._unmatched(waiter)
+            return await self._close_locked(waiter, status, detail)
+
+    async def _close_locked(self, waiter: _Waiter, status: str, detail: str) -> Outcome:
+        bound = waiter.approval
+        row = await self.store.close_approval(bound.id, status, self._entry(bound, status, waiter.skill.risk, detail),
+                                              bound)
+        if row is not None:
+            return self._settle(waiter, Outcome(status, None))
+        return await self._unmatched(waiter)
 
     async def _unmatched(self, waiter: _Waiter) -> Outcome:
         """A transition matched no row: it ended elsewhere, ran out of time, or another writer changed it.
@@ -409,7 +419,7 @@ class Approvals:
         if row is not None and _tampering(row, bound) is None:
             if row.status in ("rejected", "expired"):           # e.g. another daemon's start expired it
                 return self._settle(waiter, Outcome(row.status, None))
-            if row.status == "pending":                          # a reply just past expires_at
+            if row.status == "pending":                          # e.g. a code past expires_at from another caller
                 closed = await self.store.close_approval(
                     bound.id, "expired", self._entry(bound, "expired", waiter.skill.risk, "timeout"), bound)
                 if closed is not None:
@@ -446,16 +456,19 @@ class Approvals:
     async def _try_code(self, waiter: _Waiter, code: str) -> str:
         """One code attempt against the daemon's copy, under the waiter's lock; the text to answer."""
         bound, name, risk = waiter.approval, waiter.skill.name, waiter.skill.risk
+        if self.monotonic() >= waiter.deadline:         # its time is up; the timer has not fired yet
+            return self._ended(await self._close_locked(waiter, "expired", "timeout"), name)
         attempt = code_hash(self.key, bound.id, bound.user_id, bound.skill_name, bound.params, code)
         if hmac.compare_digest(attempt, bound.code_hash):
-            won = await self.store.approve(bound, attempt, self._entry(bound, "approved", risk))
+            won = await self.store.approve(bound, attempt, self._entry(bound, "approved", risk), within_deadline=True)
             if won is None:
                 return self._ended(await self._unmatched(waiter), name)
             if _tampering(won, bound) is not None:           # the approving UPDATE returned another row
                 return self._ended(await self._tampered(waiter, won), name)
             self._settle(waiter, Outcome("approved", replace(bound, status="approved")))
             return f"已确认，正在执行：{name}"
-        spent = await self.store.spend_attempt(bound, self._entry(bound, "wrong_code", risk, "wrong code"))
+        spent = await self.store.spend_attempt(bound, self._entry(bound, "wrong_code", risk, "wrong code"),
+                                               within_deadline=True)
         if spent is None or _tampering(spent, bound) is not None:
             outcome = await (self._unmatched(waiter) if spent is None else self._tampered(waiter, spent))
             return self._ended(outcome, name)

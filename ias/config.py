@@ -13,7 +13,8 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .limits import MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TOOLS_BYTES_DEFAULT, TOOLS_BYTES_MIN
+from .limits import (LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
+                     TOOLS_BYTES_MIN, TURN_TIMEOUT)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
@@ -27,6 +28,8 @@ _SETTINGS = {
     "model": ("IAS_MODEL", str),
     "owner": ("IAS_OWNER", str),
     "approval_timeout": ("IAS_APPROVAL_TIMEOUT", float),
+    "llm_timeout": ("IAS_LLM_TIMEOUT", (float, 1, TIMEOUT_SETTING_MAX)),
+    "turn_timeout": ("IAS_TURN_TIMEOUT", (float, 1, TIMEOUT_SETTING_MAX)),
     "wechat_base_url": ("IAS_WECHAT_BASE_URL", str),
     "wechat_owner": ("IAS_WECHAT_OWNER", str),
     "skills_dir": ("IAS_SKILLS_DIR", str),
@@ -58,6 +61,8 @@ class Config:
     model: str = "gpt-4o-mini"
     owner: str | None = None
     approval_timeout: float = 300.0
+    llm_timeout: float = LLM_TIMEOUT        # seconds one model request may take in all (not per read)
+    turn_timeout: float = TURN_TIMEOUT      # seconds one turn may take, not counting the wait for the owner's code
     wechat_base_url: str | None = None      # None: the stored login's, else https://ilinkai.weixin.qq.com
     wechat_token: str | None = None
     wechat_owner: str | None = None
@@ -79,6 +84,8 @@ class Config:
     max_tools: int = MAX_TOOLS_DEFAULT
     tools_bytes: int = TOOLS_BYTES_DEFAULT
     repo_root: Path = REPO_ROOT
+    sandbox_user: str | None = None         # [sandbox] user: whom skills run as when iAs is root (default nobody)
+    sandbox_allow_partial: bool = False     # [sandbox] allow_partial: user skills load below the full level
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +145,20 @@ def _utf8(name: str, value: str) -> str:
     return value
 
 
+def _sandbox_table(file: Path, table) -> dict:
+    """`[sandbox]`: `user` (a user name) and `allow_partial` (a boolean), as Config fields."""
+    if not isinstance(table, dict) or set(table) - {"user", "allow_partial"}:
+        raise ConfigError(f"{file}: [sandbox] accepts only user = \"NAME\" and allow_partial = true|false")
+    out = {}
+    if "user" in table:
+        out["sandbox_user"] = _convert(f"{file}: [sandbox] user", table["user"], str)
+    if "allow_partial" in table:
+        if not isinstance(table["allow_partial"], bool):
+            raise ConfigError(f"{file}: [sandbox] allow_partial must be true or false")
+        out["sandbox_allow_partial"] = table["allow_partial"]
+    return out
+
+
 def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Read ias.toml (path, else $IAS_CONFIG, else ./ias.toml if present) and apply the environment."""
     env = dict(os.environ if environ is None else environ)
@@ -158,6 +179,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
 
     values: dict = {}
     skills_table = data.pop("skills", {})
+    sandbox = _sandbox_table(file, data.pop("sandbox", {}))
     for key, value in data.items():
         if key in _SECRETS:
             raise ConfigError(f"{file}: '{key}' is a secret; set {_SECRETS[key]} in the environment instead")
@@ -180,7 +202,8 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
         if key in values:
             values[key] = absolute(values[key])
     smtp, imap = (mail_server(prefix, env) for prefix in ("IAS_SMTP", "IAS_IMAP"))
-    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env)
+    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env,
+                    **sandbox)
     if config.notify_webhook_body is not None:
         try:
             body = json.loads(config.notify_webhook_body)

@@ -4,6 +4,14 @@ The SDK's own retries are switched off so that the delays are ours (named in lim
 injectable for tests). Every failure ends as LLMError; its text is for the log only — the
 owner gets one short apology from the agent, never an exception string.
 
+Each attempt has a total deadline (IAS_LLM_TIMEOUT): the SDK's timeout is per read, so an
+endpoint that drips a byte at a time would never end without it. A reply that is not a chat
+completion (broken JSON, an HTML error page with status 200, no choices) is retried like a 5xx.
+The agent's turn deadline bounds the attempts and their delays together.
+
+Small local models served without a tool-call parser write their calls as text; a reply that is
+nothing but such a call of an offered tool becomes that call (`text_calls`, SPEC §15).
+
 `openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
 an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
 needs them.
@@ -11,10 +19,14 @@ needs them.
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass
 
+from . import jsonvalues
 from .errors import IasError
 from .limits import LLM_RETRY_DELAYS, LLM_TIMEOUT
 
@@ -27,6 +39,10 @@ class LLMError(IasError):
 
 class ToolsRefused(LLMError):
     """The endpoint refused the request because of its tools (too many, or too large): a 400 naming them."""
+
+
+class NotACompletion(LLMError):
+    """A 200 reply that is not a chat completion (not JSON, or without choices): retried like a 5xx."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +89,8 @@ def _unicode(value):
 def _transient(openai) -> tuple[type[Exception], ...]:
     """Failures worth another try: the endpoint may recover. Anything else (400, 401, 404 …) will not."""
     return (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-            openai.InternalServerError, openai.ConflictError)
+            openai.InternalServerError, openai.ConflictError, openai.APIResponseValidationError,
+            TimeoutError, json.JSONDecodeError, NotACompletion)
 
 
 class LLM:
@@ -85,6 +102,7 @@ class LLM:
         self._client = None
         self.model = model
         self.retry_delays = retry_delays
+        self.timeout = timeout          # seconds per attempt in all; the SDK's own timeout is per read
 
     @property
     def client(self):
@@ -95,18 +113,22 @@ class LLM:
         return self._client
 
     async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
-        """One chat completion; transient failures are retried with backoff, then LLMError."""
+        """One chat completion; transient failures are retried with backoff, then LLMError.
+
+        Each attempt ends within `timeout` seconds, whatever the endpoint sends (or does not).
+        """
         client = self.client
         import openai
         for attempt in range(len(self.retry_delays) + 1):
             try:
-                response = await client.chat.completions.create(
-                    model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
-                break
+                async with asyncio.timeout(self.timeout):
+                    response = await client.chat.completions.create(
+                        model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
+                return _reply(response, tools)
             except _transient(openai) as exc:
                 if attempt == len(self.retry_delays):
-                    raise LLMError(f"LLM endpoint failed {attempt + 1} times: {type(exc).__name__}") from exc
-                log.warning("LLM request failed (%s), retrying in %.1fs", type(exc).__name__, self.retry_delays[attempt])
+                    raise LLMError(f"LLM endpoint failed {attempt + 1} times: {_failure(exc)}") from exc
+                log.warning("LLM request failed (%s), retrying in %.1fs", _failure(exc), self.retry_delays[attempt])
                 await asyncio.sleep(self.retry_delays[attempt])
             except openai.BadRequestError as exc:
                 if "tool" in str(exc).lower():
@@ -116,12 +138,7 @@ class LLM:
             except openai.APIError as exc:
                 raise LLMError(f"LLM endpoint refused the request: {type(exc).__name__} "
                                f"{getattr(exc, 'status_code', '')}") from exc
-        if not response.choices:
-            raise LLMError("LLM endpoint returned no choices")
-        message = response.choices[0].message
-        calls = tuple(ToolCall(c.id, c.function.name, _unicode(c.function.arguments or "{}"))
-                      for c in (message.tool_calls or []) if c.type == "function")
-        return Reply(_unicode(message.content), calls)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def check(self) -> str:
         """For `doctor`: list the endpoint's models; returns a short description."""
@@ -133,3 +150,118 @@ class LLM:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def _failure(exc: BaseException) -> str:
+    """A failed attempt for the log: its kind, never the reply's text."""
+    if isinstance(exc, TimeoutError):
+        return "no complete reply within the deadline"
+    if isinstance(exc, json.JSONDecodeError):
+        return "a reply that is not valid JSON"
+    return str(exc) if isinstance(exc, NotACompletion) else type(exc).__name__
+
+
+def _reply(response, tools: list[dict]) -> Reply:
+    """The Reply in a chat completion; NotACompletion if it is none (e.g. a 200 HTML page, which the SDK
+    returns as a string)."""
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+        raise NotACompletion("a 200 reply that is not a chat completion")
+    message = choices[0].message
+    calls = tuple(ToolCall(c.id, c.function.name, _unicode(c.function.arguments or "{}"))
+                  for c in (message.tool_calls or []) if c.type == "function")
+    content = _unicode(message.content)
+    if not calls and content:
+        offered = {t["function"]["name"] for t in tools if isinstance(t.get("function"), dict)}
+        calls = text_calls(content, offered)
+        if calls:
+            log.info("the model wrote %d tool call(s) as text: run as calls", len(calls))
+            return Reply(None, calls)
+    return Reply(content, calls)
+
+
+# Tool calls written as text (SPEC §15 "Real models' habits"). Forms seen from llama.cpp, Ollama and vLLM
+# without a tool-call parser: a JSON object {"name": …, "arguments": {…}} ("parameters" for Llama 3),
+# bare or in a ```json fence; Hermes/Qwen tags <tool_call>{…}</tool_call> (one per call) and <tools>{…}</tools>;
+# and <function name=NAME arguments='{…}'/>. Nothing else in the content, or it stays text.
+_TAG = re.compile(r"<(tool_call|tools)>")
+_FUNCTION = re.compile(r"""<function\s+name\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>/]+))"""
+                       r"""\s+arguments\s*=\s*(?:'([^']*)'|"([^"]*)")\s*(?:/>|>\s*</function>)""")
+_SPACE = re.compile(r"\s*")
+_CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})
+
+
+def text_calls(content: str, offered: set[str]) -> tuple[ToolCall, ...]:
+    """The tool calls `content` consists of, if it is nothing but calls written as text, each naming a tool
+    in `offered` with an object of arguments; else () and the content stays an answer."""
+    text = content.strip()
+    if text.startswith("```") and text.endswith("```") and len(text) > 6:
+        first, _, rest = text[3:-3].partition("\n")
+        if first.strip().lower() not in ("", "json"):
+            return ()
+        text = rest.strip()
+    if text.startswith(("{", "[")):
+        blocks = [(None, text)]
+    elif text.startswith("<"):
+        blocks = _tagged(text)
+    else:
+        return ()
+    found: list[tuple[str, str]] = []
+    for name, payload in blocks or ():
+        calls = _payload_calls(name, payload)
+        if not calls:
+            return ()
+        found.extend(calls)
+    if not found or any(name not in offered for name, _ in found):
+        return ()
+    turn = uuid.uuid4().hex[:12]
+    return tuple(ToolCall(f"call_text_{turn}_{i}", name, arguments) for i, (name, arguments) in enumerate(found))
+
+
+def _tagged(text: str) -> list[tuple[str | None, str]] | None:
+    """`text` as a sequence of tagged calls (whitespace between them only): (name or None, payload) each."""
+    blocks: list[tuple[str | None, str]] = []
+    pos = _SPACE.match(text).end()
+    while pos < len(text):
+        if tag := _TAG.match(text, pos):
+            end = text.find(f"</{tag[1]}>", tag.end())
+            if end < 0:
+                return None
+            blocks.append((None, text[tag.end():end]))
+            pos = end + len(tag[1]) + 3
+        elif function := _FUNCTION.match(text, pos):
+            name = function[1] or function[2] or function[3]
+            arguments = function[4] if function[4] is not None else html.unescape(function[5])     # "{&quot;…"
+            blocks.append((html.unescape(name), arguments))
+            pos = function.end()
+        else:
+            return None
+        pos = _SPACE.match(text, pos).end()
+    return blocks
+
+
+def _payload_calls(name: str | None, payload: str) -> list[tuple[str, str]]:
+    """(name, arguments as JSON text) of each call in one block; [] if the block is not only calls."""
+    try:
+        value = jsonvalues.loads(payload.strip())
+    except (ValueError, RecursionError):
+        return []
+    if name is not None:            # <function name=… arguments='…'/>: the payload is the arguments
+        return [(name, payload.strip())] if isinstance(value, dict) else []
+    calls = []
+    for call in value if isinstance(value, list) else [value]:
+        if not isinstance(call, dict) or set(call) not in _CALL_KEYS or not isinstance(call["name"], str):
+            return []
+        arguments = call.get("arguments", call.get("parameters"))
+        if isinstance(arguments, str):      # arguments as a JSON string, as the API itself sends them
+            try:
+                if not isinstance(jsonvalues.loads(arguments), dict):
+                    return []
+            except (ValueError, RecursionError):
+                return []
+        elif isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        else:
+            return []
+        calls.append((call["name"], arguments))
+    return calls

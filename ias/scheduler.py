@@ -7,43 +7,58 @@ missed one. A database error in the loop is handed to `on_store_error` (the daem
 monitor, which returns once the database is back); any other exception ends `run()` and so,
 under the daemon's supervisor, the daemon. Not handled: running one task's slots in parallel
 is allowed, not prevented.
+
+Clock jumps (a machine without RTC): the loop sleeps at most SCHEDULER_MAX_SLEEP and reads the
+wall clock afresh on waking, so after a jump forward due tasks run within that. Each tick
+compares how far the wall clock moved with the monotonic clock; when the wall clock went back,
+interval tasks move back by as much and so keep their period. Cron and one-shot tasks follow
+the wall clock: their slots are wall times, and one that already ran is not run again. An
+interval task's next slot lies on the grid through its last slot: the grid of its creation,
+unless a jump back moved it (then off the old grid, whose times in the span lived twice
+already ran).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Awaitable, Callable, Coroutine
 
 from .cron import parse_schedule
 from .errors import StoreError
-from .limits import SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
+from .limits import CLOCK_JUMP_TOLERANCE, SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
 from .store import Store, Task
 
 log = logging.getLogger(__name__)
 
 Execute = Callable[[Task, int], Awaitable[str]]     # runs one task (and its run id), returns what was sent to the owner
 OnStoreError = Callable[[StoreError], Awaitable[None]]
+OFF_GRID = timedelta(milliseconds=1)    # how far a moved interval task keeps clear of the slots that already ran
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def next_run(task_schedule: str, created_at: datetime, after: datetime) -> datetime | None:
-    """The first run of a schedule strictly after `after` (intervals are anchored at creation)."""
-    return parse_schedule(task_schedule, anchor=created_at).next_after(after)
+def next_run(task_schedule: str, anchor: datetime, after: datetime) -> datetime | None:
+    """The first run of a schedule strictly after `after`; an interval's runs lie on the grid
+    through `anchor` (the task's creation, or the slot it ran last)."""
+    return parse_schedule(task_schedule, anchor=anchor).next_after(after)
 
 
 class Scheduler:
     """Claims due slots and runs their tasks through `execute`."""
 
     def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = utcnow,
+                 monotonic: Callable[[], float] = time.monotonic,
                  max_sleep: float = SCHEDULER_MAX_SLEEP, on_store_error: OnStoreError | None = None,
                  spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
         self.store = store
         self.execute = execute
         self.now = now
+        self.monotonic = monotonic
+        self._seen: tuple[datetime, float] | None = None     # (wall, monotonic) at the last tick
         self.max_sleep = max_sleep
         self.on_store_error = on_store_error or retry_later
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
@@ -52,11 +67,12 @@ class Scheduler:
     async def tick(self) -> list[asyncio.Task]:
         """Claim every slot due now and start its run; returns the started runs."""
         now = self.now()
+        await self._follow_clock(now)
         started = []
         for task in await self.store.due_tasks(now):
             slot = task.next_run_at
             try:
-                following = next_run(task.schedule, task.created_at, max(now, slot))
+                following = next_run(task.schedule, slot, max(now, slot))
             except ValueError as exc:
                 log.error("task %d has a bad schedule %r (%s); disabling it", task.id, task.schedule, exc)
                 following = None
@@ -69,6 +85,32 @@ class Scheduler:
             run.add_done_callback(self._running.discard)
             started.append(run)
         return started
+
+    async def _follow_clock(self, now: datetime) -> None:
+        """If the wall clock went back since the last tick, move interval tasks back by as much."""
+        monotonic = self.monotonic()
+        if self._seen is not None:
+            back = (monotonic - self._seen[1]) - (now - self._seen[0]).total_seconds()
+            if back > CLOCK_JUMP_TOLERANCE:
+                await self._move_intervals(now, timedelta(seconds=back))
+        self._seen = (now, monotonic)
+
+    async def _move_intervals(self, now: datetime, back: timedelta) -> None:
+        moves = []
+        for task in await self.store.tasks(include_disabled=False):
+            try:
+                schedule = parse_schedule(task.schedule)
+                if schedule.kind != "every" or task.next_run_at is None:
+                    continue
+                to = task.next_run_at - back
+                if back % (schedule.next_after(now) - now) == timedelta(0):
+                    to += OFF_GRID      # else its slots from `to` on are the times that ran before the jump
+            except (ValueError, OverflowError):
+                continue                # a bad schedule is disabled when it comes due
+            moves.append((task.id, task.next_run_at, to))
+        moved = await self.store.move_next_runs(moves) if moves else 0
+        log.warning("the wall clock went back %.0fs; %d interval task(s) moved back as much to keep their period",
+                    back.total_seconds(), moved)
 
     async def _run(self, task: Task, run_id: int) -> None:
         try:

@@ -2,8 +2,9 @@
 
 Autocommit connections from a small pool; `transaction()` only where a state change and its
 audit row must commit together. Every approval transition is one compare-and-set UPDATE
-(`WHERE status = 'pending' AND expires_at > clock_timestamp()`), so concurrent replies cannot
-both win. The schema is built and upgraded by the numbered steps in `migrations.py`, run by
+(`WHERE status = 'pending' AND …`), so concurrent replies cannot both win; a code is checked
+against `expires_at` (the database's wall clock) unless the daemon vouches that its own,
+monotonic, deadline has not passed. The schema is built and upgraded by the numbered steps in `migrations.py`, run by
 `open()`; not handled: downgrades (a database newer than the code is refused).
 
 Every value is storable (the boundary rule). Each connection's adapters pass every `str`
@@ -674,22 +675,27 @@ class Store:
         self._advance(head)
         return row
 
-    async def approve(self, bound: Approval, code_hash: str, entry: AuditEntry) -> Approval | None:
+    async def approve(self, bound: Approval, code_hash: str, entry: AuditEntry,
+                      within_deadline: bool = False) -> Approval | None:
         """pending → approved, if still pending, unexpired and exactly `bound`; None otherwise.
 
         `bound` is the daemon's own copy of the row (what the owner was shown) and `code_hash`
         the HMAC of the code the owner sent over it: the row approves only while it holds that
         user, skill, params and HMAC, checked by the statement that approves it, so a writer who
         changes the row first, or holds it locked and commits a change meanwhile, wins nothing.
+        Unexpired means `expires_at` is ahead of the database's wall clock, unless the caller
+        says `within_deadline`: its own monotonic deadline has not passed, and a jump of the
+        wall clock must not end the approval early.
         """
         return await self._transition(
             f"UPDATE pending_approvals SET status = 'approved', consumed_at = clock_timestamp() "
             f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
-            f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (bound.id, *_bound_args(replace(bound, code_hash=code_hash))), entry)
+            f"AND (%s OR expires_at > clock_timestamp()) RETURNING {_APPROVAL_FIELDS}",
+            (bound.id, *_bound_args(replace(bound, code_hash=code_hash)), within_deadline), entry)
 
-    async def spend_attempt(self, bound: Approval, entry: AuditEntry) -> Approval | None:
-        """One wrong code: attempts_left - 1, and rejected when none are left; only while the row is `bound`.
+    async def spend_attempt(self, bound: Approval, entry: AuditEntry, within_deadline: bool = False) -> Approval | None:
+        """One wrong code: attempts_left - 1, and rejected when none are left; only while the row is
+        `bound` and unexpired (as for `approve`).
 
         `entry` is the wrong_code audit row; for the last attempt it is written as approval_rejected.
         """
@@ -698,8 +704,8 @@ class Store:
             f"status = CASE WHEN attempts_left - 1 <= 0 THEN 'rejected' ELSE status END, "
             f"consumed_at = CASE WHEN attempts_left - 1 <= 0 THEN clock_timestamp() END "
             f"WHERE id = %s AND {_BOUND_TO} AND status = 'pending' AND attempts_left > 0 "
-            f"AND expires_at > clock_timestamp() RETURNING {_APPROVAL_FIELDS}",
-            (bound.id, *_bound_args(bound)), entry)
+            f"AND (%s OR expires_at > clock_timestamp()) RETURNING {_APPROVAL_FIELDS}",
+            (bound.id, *_bound_args(bound), within_deadline), entry)
 
     async def close_approval(self, approval_id: uuid.UUID, status: str, entry: AuditEntry,
                              bound: Approval | None = None) -> Approval | None:
@@ -848,6 +854,18 @@ class Store:
                 (next_run_at, next_run_at is not None, task_id, slot, slot))
             row = await cur.fetchone()
             return None if row is None else row["id"]
+
+    async def move_next_runs(self, moves: list[tuple[int, datetime, datetime]]) -> int:
+        """Move tasks' next_run_at, each (id, from, to) only if the task is enabled and still at `from`;
+        all in one transaction. Returns how many moved."""
+        moved = 0
+        async with self._tx() as conn:
+            for task_id, old, new in moves:
+                cur = await conn.execute(
+                    "UPDATE scheduled_tasks SET next_run_at = %s, updated_at = clock_timestamp() "
+                    "WHERE id = %s AND enabled AND next_run_at = %s", (new, task_id, old))
+                moved += cur.rowcount
+        return moved
 
     async def finish_run(self, run_id: int, status: str, reply: str | None = None, error: str | None = None) -> None:
         async with self._conn() as conn:

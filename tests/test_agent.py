@@ -7,13 +7,15 @@ import time
 import unittest
 from datetime import datetime, timezone
 
-from ias.agent import APOLOGY, HELP, NO_LLM, TOO_MANY_ROUNDS, system_prompt
+from ias.agent import APOLOGY, HELP, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TIMEOUT_REPLY, system_prompt
+from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.limits import ARGUMENTS_MAX, AUDIT_VALUE_MAX, TOOL_CALLS_MAX
 from ias.llm import LLM, Reply, ToolCall
 from ias.router import NOTHING_PENDING
-from tests.servers.llm import LLMServer, calls, error, text
-from tests.support import REPO, GateTestCase, capture_logs
+from tests.servers.llm import LLMServer, broken, calls, drip, error, raw, stall, text
+from tests.servers.qweather import KEY, QWeatherServer
+from tests.support import CODE_LINE, FIXTURES, REPO, FakeChannel, GateTestCase, capture_logs
 
 FIXED_NOW = datetime(2026, 12, 2, 1, 30, tzinfo=timezone.utc)       # 09:30 Beijing, a Wednesday
 
@@ -338,6 +340,174 @@ class ApprovalThroughConsoleTest(AgentTestCase):
         self.assertEqual(self.runs(), 0)
         self.assertEqual(self.tool_messages()[0]["content"],
                          json.dumps({"success": False, "error": "用户拒绝了你的调用：mark_high"}, ensure_ascii=False))
+
+
+class DeadlineTest(AgentTestCase):
+    """SPEC §15 "Deadlines": a stalled or dripping model costs the owner one line within the deadline."""
+
+    async def history(self) -> list[tuple[str, str | None]]:
+        return [(m["role"], m.get("content")) for m in await self.store.recent_messages("owner", 50)]
+
+    async def timed_turn(self, text: str, limit: float) -> str:
+        started = time.monotonic()
+        reply = await asyncio.wait_for(self.agent.turn("owner", text, self.owner.notify), 30)
+        self.assertLess(time.monotonic() - started, limit)
+        return reply
+
+    async def test_a_stalled_model_ends_the_turn_at_its_deadline_and_the_next_message_is_answered(self):
+        self.agent.turn_timeout = 0.5       # the model request's own deadline (60 s) never comes
+        self.server.script(stall(), text("这次好了。"))
+        self.assertEqual(await self.timed_turn("在吗", 0.5 + 2.0), TURN_TIMEOUT_REPLY)
+        self.agent.turn_timeout = 30
+        self.assertEqual(await self.timed_turn("现在呢", 5.0), "这次好了。")
+        self.assertEqual(await self.history(), [("user", "在吗"), ("assistant", TURN_TIMEOUT_REPLY),
+                                                ("user", "现在呢"), ("assistant", "这次好了。")])
+
+    async def test_a_dripping_model_gets_its_request_deadline_then_one_apology(self):
+        self.llm.timeout = 0.3              # IAS_LLM_TIMEOUT, small; each read succeeds within 50 ms
+        self.server.script(drip(0.05), drip(0.05), drip(0.05), text("好了。"))
+        self.assertEqual(await self.timed_turn("在吗", 3 * 0.3 + 2.0), APOLOGY)
+        self.assertEqual(len(self.server.requests), 3)
+        self.assertEqual(await self.timed_turn("现在呢", 5.0), "好了。")
+
+    async def test_broken_json_then_a_good_reply_is_answered(self):
+        self.server.script(broken(), text("收到。"))
+        self.assertEqual(await self.agent.turn("owner", "你好", None), "收到。")
+        self.assertEqual(len(self.server.requests), 2)
+
+    async def test_the_message_is_stored_whatever_the_model_did(self):
+        for steps, reply in [((error(500), error(502), error(503)), APOLOGY),
+                             ((broken(), broken(), broken()), APOLOGY)]:
+            with self.subTest(reply=reply, steps=steps[0]):
+                await self.store.clear_messages("owner")
+                self.server.script(*steps)
+                self.assertEqual(await self.agent.turn("owner", "记住这句话", None), reply)
+                self.assertEqual(await self.history(), [("user", "记住这句话"), ("assistant", reply)])
+
+    async def test_a_deadline_during_a_tool_call_leaves_a_valid_history(self):
+        """The turn ends while a skill runs: the call is answered as interrupted, so the next request is a
+        conversation the API accepts (every call has its result)."""
+        self.agent.turn_timeout = 1.0
+        pidfile = self.tmp / "sleepy.pid"
+        self.server.script(calls(("sleepy", {"pidfile": str(pidfile)})), text("继续。"))
+        self.assertEqual(await self.timed_turn("睡一会", 1.0 + 5.0), TURN_TIMEOUT_REPLY)
+        self.agent.turn_timeout = 30
+        self.assertEqual(await self.agent.turn("owner", "然后呢", None), "继续。")
+        messages = self.server.requests[1]["messages"]
+        self.assertEqual([m["role"] for m in messages], ["system", "user", "assistant", "tool", "assistant", "user"])
+        self.assertEqual(messages[3]["tool_call_id"], messages[2]["tool_calls"][0]["id"])
+        self.assertEqual(json.loads(messages[3]["content"]), {"success": False, "error": "技能执行被中断：sleepy"})
+        self.assertEqual(messages[4]["content"], TURN_TIMEOUT_REPLY)
+
+    async def test_the_wait_for_the_owners_code_is_not_counted(self):
+        self.agent.turn_timeout = 1.5
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("标好了。"))
+        turn = asyncio.create_task(self.agent.turn("owner", "请标记", self.owner.notify))
+        code = await self.owner.code()
+        await asyncio.sleep(2.0)            # the owner takes longer than the whole turn may
+        self.assertFalse(turn.done())
+        self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
+        self.assertEqual(await asyncio.wait_for(turn, 10), "标好了。")
+        self.assertEqual(self.runs(), 1)
+
+    async def test_the_clock_runs_again_after_the_approval(self):
+        self.agent.turn_timeout = 3.0
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), stall())
+        turn = asyncio.create_task(self.agent.turn("owner", "请标记", self.owner.notify))
+        await self.approvals.redeem("owner", await self.owner.code())
+        self.assertEqual(await asyncio.wait_for(turn, 10), TURN_TIMEOUT_REPLY)
+        self.assertEqual(self.runs(), 1)
+
+
+class CommandBehindAStallTest(AgentTestCase):
+    """/help behind a stalled model, through the router: it waits at most the turn's deadline."""
+
+    async def test_help_waits_at_most_the_deadline(self):
+        channel = FakeChannel("wechat")
+        self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW, channels=[channel], primary=channel))
+        self.agent.turn_timeout = 0.5
+        self.server.script(stall())
+        started = time.monotonic()
+        first = asyncio.create_task(self.router.deliver(Inbound("wechat", "owner", "在吗")))
+        second = asyncio.create_task(self.router.deliver(Inbound("wechat", "owner", "/help")))
+        await channel.wait_for(HELP)
+        self.assertLess(time.monotonic() - started, 0.5 + 2.0)
+        self.assertEqual(channel.sent, [("owner", TURN_TIMEOUT_REPLY), ("owner", HELP)])
+        await asyncio.gather(first, second)
+        self.assertEqual(self.router.users_in_turn, 0)          # the user's lock is free
+
+
+RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
+
+
+class RealModelHabitsTest(AgentTestCase):
+    """SPEC §15 "Real models' habits", with recorded replies of llama.cpp, Ollama and vLLM."""
+
+    async def asyncSetUp(self):
+        self.qw = QWeatherServer().start()
+        await super().asyncSetUp()
+
+    async def asyncTearDown(self):
+        await super().asyncTearDown()
+        await asyncio.to_thread(self.qw.close)
+
+    def runner_environ(self) -> dict[str, str]:
+        return {**super().runner_environ(), "QWEATHER_API_HOST": self.qw.base_url, "QWEATHER_API_KEY": KEY}
+
+    async def test_a_call_written_as_text_runs(self):
+        for name, body in RECORDED["calls"].items():
+            with self.subTest(name):
+                before = len(self.server.requests)
+                self.server.script(raw(body), text("北京现在晴。"))
+                self.assertEqual(await self.agent.turn("owner", "北京天气怎么样", None), "北京现在晴。")
+                [tool] = self.tool_messages()
+                result = json.loads(tool["content"])
+                self.assertTrue(result["success"], result)
+                self.assertIn("北京", json.dumps(result, ensure_ascii=False))
+                assistant = self.server.requests[before + 1]["messages"][-2]
+                self.assertEqual(assistant["tool_calls"][0]["id"], tool["tool_call_id"])
+                self.assertEqual(assistant["tool_calls"][0]["function"]["name"], "query_weather")
+                await self.store.clear_messages("owner")
+        self.assertEqual(len([r for r in self.qw.requests if r.path == "/v7/weather/now"]), len(RECORDED["calls"]))
+
+    async def test_other_shapes_stay_text(self):
+        for name, body in RECORDED["texts"].items():
+            with self.subTest(name):
+                self.server.script(raw(body))
+                self.assertEqual(await self.agent.turn("owner", "北京天气怎么样", None),
+                                 body["choices"][0]["message"]["content"])
+        self.assertEqual(self.qw.requests, [])
+
+    async def test_a_high_call_written_as_text_still_needs_the_code(self):
+        content = '<tool_call>\n{"name": "mark_high", "arguments": {"marker": %s}}\n</tool_call>' % json.dumps(
+            str(self.marker))
+        self.server.script(text(content), text("已取消。"))
+        turn = asyncio.create_task(self.agent.turn("owner", "请标记", self.owner.notify))
+        await asyncio.wait_for(self.owner.arrived.wait(), 10)
+        self.assertRegex(self.owner.messages[-1], CODE_LINE)
+        self.assertIn("mark_high", self.owner.messages[-1])
+        self.assertEqual(await self.approvals.redeem("owner", "取消"), "已取消：mark_high")
+        self.assertEqual(await asyncio.wait_for(turn, 10), "已取消。")
+        self.assertEqual(self.runs(), 0)
+
+    async def test_an_empty_answer_after_a_tool_error_is_its_gist(self):
+        """Qwen2.5-1.5B on llama.cpp: a call for an unknown city, then empty content."""
+        self.server.script(*(raw(body) for body in RECORDED["after_error"].values()))
+        reply = await self.agent.turn("owner", "火星天气怎么样", None)
+        [tool] = self.tool_messages()
+        error = json.loads(tool["content"])["error"]
+        self.assertEqual(reply, error)
+        self.assertIn("火星", reply)
+        history = await self.store.recent_messages("owner", 10)
+        self.assertEqual(history[-1], {"role": "assistant", "content": error})
+
+    async def test_an_empty_answer_without_a_tool_result_says_so(self):
+        for empty in ("", "  \n", None):
+            with self.subTest(empty=empty):
+                self.server.script({"content": empty})
+                self.assertEqual(await self.agent.turn("owner", "嗯", None), NO_ANSWER)
+        self.server.script(calls(("get_current_datetime", {"format": "date"})), text(""))
+        self.assertEqual(await self.agent.turn("owner", "今天几号", None), NO_ANSWER)   # no output or error to show
 
 
 if __name__ == "__main__":

@@ -47,6 +47,16 @@ TOO_LONG = {"success": False, "error": "参数过长，无法请求确认：mark
 TOO_MANY = {"success": False, "error": "本轮待确认操作过多，未请求确认：mark_high"}
 
 
+class Ticker:
+    """A monotonic clock that moves only when told (`seconds`)."""
+
+    def __init__(self, seconds: float = 1000.0):
+        self.seconds = seconds
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
 class ReplyGrammarTest(unittest.TestCase):
     def test_grammar(self):
         self.assertEqual(parse_reply(" 123456 "), "code")
@@ -287,6 +297,40 @@ class OutcomeTest(GateTestCase):
         await task
         self.assertIsNone(await self.approvals.redeem("owner", code))   # nothing waits any more
         self.assertEqual(self.runs(), 0)
+
+    async def test_a_wall_clock_jump_does_not_end_a_pending_approval(self):
+        """A Pi without RTC: the wall clock jumps 2 minutes ahead while the owner reads the message.
+
+        The row's expires_at was stamped by the database's wall clock; moving it 2 minutes back is
+        exactly what a +2 min jump of that clock does to `expires_at > clock_timestamp()`. The
+        daemon's deadline is monotonic, so the codes keep working: a wrong one spends an attempt,
+        the right one approves, once.
+        """
+        task = self.call_high(note="jump")
+        code = await self.owner.code()
+        self.sql("UPDATE pending_approvals SET expires_at = expires_at - interval '2 minutes'")
+        wrong = f"{(int(code) + 3) % 10 ** 6:06d}"
+        self.assertEqual(await self.approvals.redeem("owner", wrong), "确认码错误，还剩 2 次")
+        self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
+        self.assertEqual(await task, {"success": True, "note": "jump"})
+        self.assertEqual(await self.approvals.redeem("owner", code), None)
+        self.assertEqual(self.runs(), 1)
+
+    async def test_a_code_past_the_monotonic_deadline_does_not_run(self):
+        """The monotonic deadline decides, even before the timer that ends the wait has fired."""
+        clock = Ticker()
+        self.approvals.monotonic = clock
+        task = self.call_high()
+        code = await self.owner.code()
+        clock.seconds += self.approvals.timeout          # the real timer (5 s) is still far off
+        self.assertEqual(await self.approvals.redeem("owner", code), "该操作已结束：mark_high")
+        self.assertEqual(await asyncio.wait_for(task, 1), EXPIRED)
+        self.assertEqual(self.runs(), 0)
+        [row] = await self.store.approvals(include_closed=True)
+        self.assertEqual(row.status, "expired")
+        events = [(r.event, r.detail) for r in await self.store.audit_rows()]
+        self.assertIn(("approval_expired", "timeout"), events)
+        self.assertNotIn("approval_approved", [event for event, _ in events])
 
     async def test_same_right_code_twice_runs_once(self):
         task = self.call_high()

@@ -89,6 +89,16 @@ class LoadTest(unittest.TestCase):
             with self.subTest(toml=toml, environ=environ), self.assertRaisesRegex(ConfigError, needle):
                 self.load(toml, **environ)
 
+    def test_the_deadlines(self):
+        self.assertEqual((self.load("").llm_timeout, self.load("").turn_timeout), (60.0, 300.0))
+        config = self.load("llm_timeout = 20\nturn_timeout = 90\n", IAS_TURN_TIMEOUT="120")
+        self.assertEqual((config.llm_timeout, config.turn_timeout), (20.0, 120.0))
+        for toml, environ, needle in [("llm_timeout = 0\n", {}, "llm_timeout must be between 1 and 3600"),
+                                      ("", {"IAS_TURN_TIMEOUT": "86400"}, "IAS_TURN_TIMEOUT must be between 1 and 3600"),
+                                      ("", {"IAS_LLM_TIMEOUT": "soon"}, "IAS_LLM_TIMEOUT must be a number")]:
+            with self.subTest(toml=toml, environ=environ), self.assertRaisesRegex(ConfigError, needle):
+                self.load(toml, **environ)
+
     def test_an_explicit_file_that_is_missing_is_an_error(self):
         with self.assertRaisesRegex(ConfigError, "cannot read config"):
             load(self.file, {})

@@ -17,21 +17,36 @@ T0 = datetime(2026, 12, 2, 7, 0, tzinfo=TZ)          # a Wednesday morning, Beij
 
 
 class Clock:
+    """Simulated time: the wall clock (`now`, may jump) and a monotonic clock (`seconds`), apart."""
+
     def __init__(self, now: datetime):
         self.now = now
+        self.seconds = 1000.0
 
     def __call__(self) -> datetime:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        """Time passes: both clocks move on."""
+        self.now += timedelta(seconds=seconds)
+        self.seconds += seconds
+
 
 class Recorder:
-    """An `execute` that records what ran."""
+    """An `execute` that records what ran, and when by the monotonic clock (if given one)."""
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock
         self.ran: list[tuple[int, str]] = []
+        self.at: list[float] = []
 
     async def __call__(self, task, run_id) -> str:
         self.ran.append((task.id, task.text))
+        if self.clock is not None:
+            self.at.append(self.clock.monotonic())
         return task.text
 
 
@@ -39,8 +54,8 @@ class SchedulerTest(StoreTestCase):
     async def asyncSetUp(self):
         await super().asyncSetUp()
         self.clock = Clock(T0)
-        self.recorder = Recorder()
-        self.scheduler = Scheduler(self.store, self.recorder, now=self.clock)
+        self.recorder = Recorder(self.clock)
+        self.scheduler = Scheduler(self.store, self.recorder, now=self.clock, monotonic=self.clock.monotonic)
 
     async def tick(self, at: datetime, scheduler: Scheduler | None = None) -> int:
         self.clock.now = at
@@ -133,6 +148,57 @@ class SchedulerTest(StoreTestCase):
         self.assertEqual(await self.tick(T0.replace(hour=8, minute=5), scheduler), 0)
         [run] = self.task_runs(task.id)
         self.assertEqual((run.status, run.error), ("error", "channel down"))
+
+    async def simulate(self, seconds: float, jumps: tuple[tuple[float, timedelta], ...] = ()) -> None:
+        """Run the real loop for `seconds` of simulated time: its sleeps pass at once, advancing
+        both clocks. `jumps`: (seconds from now, step) — the wall clock steps by that much then,
+        in the middle of whatever sleep spans it."""
+        end = self.clock.seconds + seconds
+        pending = sorted((self.clock.seconds + at, step) for at, step in jumps)
+        over = asyncio.Event()
+
+        async def sleep(timeout: float) -> bool:
+            for _ in range(3):
+                await asyncio.sleep(0)           # runs just started record the time they ran
+            wake = min(self.clock.seconds + timeout, end)
+            while pending and pending[0][0] <= wake:
+                at, step = pending.pop(0)
+                self.clock.advance(at - self.clock.seconds)
+                self.clock.now += step
+            self.clock.advance(wake - self.clock.seconds)
+            if self.clock.seconds >= end:
+                over.set()
+                await asyncio.Event().wait()    # until cancelled
+            return False
+
+        self.store.wait_for_task_change = sleep
+        loop = asyncio.create_task(self.scheduler.run())
+        try:
+            await asyncio.wait_for(over.wait(), 60)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            del self.store.wait_for_task_change
+
+    async def test_a_forward_jump_runs_a_due_reminder_within_a_minute(self):
+        """The wall clock jumps 40 minutes ahead while the loop sleeps towards a reminder due in 30."""
+        await add_task(self.store, "owner", "r", "2026-12-02 07:30", "reminder", "开会", now=T0)
+        jumped = self.clock.seconds + 5
+        await self.simulate(3 * 3600, jumps=((5, timedelta(minutes=40)),))
+        self.assertEqual([text for _, text in self.recorder.ran], ["开会"])
+        self.assertLessEqual(self.recorder.at[0] - jumped, 60)
+
+    async def test_a_backward_jump_keeps_an_interval_task_on_its_period(self):
+        """Every 20 s, for 5 minutes; the wall clock goes back an hour, later back 2 minutes more
+        (over slots that already ran): the task still runs every 20 s of monotonic time."""
+        task = await add_task(self.store, "owner", "t", "every 20s", "reminder", "tick", now=T0)
+        start = self.clock.seconds
+        await self.simulate(20 * 60 + 1, jumps=((5 * 60 + 7, timedelta(hours=-1)), (10 * 60 + 3, timedelta(minutes=-2))))
+        gaps = [round(b - a, 3) for a, b in zip(self.recorder.at, self.recorder.at[1:])]
+        self.assertEqual(round(self.recorder.at[0] - start, 3), 20)
+        self.assertTrue(all(19.9 <= gap <= 20.1 for gap in gaps), gaps)
+        self.assertEqual(len(self.recorder.ran), 60)
+        self.assertEqual(len(self.task_runs(task.id)), 60)
 
     async def test_real_loop_sleeps_until_due_and_wakes_on_change(self):
         scheduler = Scheduler(self.store, self.recorder)         # the real clock

@@ -15,7 +15,7 @@ from ias.ilink import Credentials
 from ias.llm import LLM
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, granted, until
 
 
 class WeChatTurnTest(GateTestCase):
@@ -94,7 +94,7 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         proc.stderr.close()
 
     def test_once_asks_for_confirmation_over_wechat(self):
-        marker = self.tmp / "m"
+        marker = granted("m")
         self.ilink.message("/help")                   # the owner wrote recently: inside the 24-hour window
         with LLMServer([calls(("mark_high", {"marker": str(marker), "note": "once"})), text("标记完成。")]) as llm:
             proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "--once", "标记一下"],

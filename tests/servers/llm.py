@@ -1,8 +1,11 @@
 """A local OpenAI-compatible endpoint: chat completions (with tools) scripted per test.
 
 Each POST to /v1/chat/completions takes the next scripted step: a reply (text and/or tool
-calls) or an HTTP error status. Every request body is recorded, so tests can check what the
-model was sent. `assert_complete()` fails when scripted steps were left unused.
+calls), an HTTP error status, or a misbehaving endpoint: one that never answers (`stall`), one
+that sends its reply a byte at a time without end (`drip`), a 200 whose body is not JSON
+(`broken`), or any body as given (`raw`, e.g. a recorded reply of llama.cpp's server). Every
+request body is recorded, so tests can check what the model was sent.
+`assert_complete()` fails when scripted steps were left unused.
 """
 from __future__ import annotations
 
@@ -26,6 +29,28 @@ def error(status: int) -> dict:
     return {"status": status}
 
 
+def stall() -> dict:
+    """Take the request and never answer (until the server closes)."""
+    return {"stall": True}
+
+
+def drip(interval: float) -> dict:
+    """A 200 whose body comes one byte (JSON whitespace) every `interval` seconds and never ends: each
+    read succeeds well within any per-read timeout."""
+    return {"drip": interval}
+
+
+def raw(body: bytes | dict) -> dict:
+    """A 200 with Content-Type application/json and exactly this body (a dict: as JSON), e.g. a recorded
+    completion of another server."""
+    return {"raw": body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False).encode()}
+
+
+def broken() -> dict:
+    """A 200 whose JSON body is cut short: not JSON at all."""
+    return raw(b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "mess')
+
+
 class LLMServer(JSONServer):
     """Start with `with LLMServer() as server:`; `server.base_url` is for OPENAI_BASE_URL."""
 
@@ -38,6 +63,7 @@ class LLMServer(JSONServer):
         self._lock = threading.Lock()
         self._calls = 0
         self.refused = 0                    # requests refused for their tools
+        self.released = threading.Event()   # set on close: stalled and dripping requests end
         server = self
 
         class Handler(JSONHandler):
@@ -66,13 +92,43 @@ class LLMServer(JSONServer):
                                    f"{server.max_tools}, but got an array with length {len(tools)} instead.",
                         "type": "invalid_request_error", "param": "tools", "code": "array_above_max_length"}})
                 step = server._next(raw)
+                if "stall" in step or "drip" in step:
+                    return self.misbehave(step)
+                if "raw" in step:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(step["raw"])))
+                    self.end_headers()
+                    return self.wfile.write(step["raw"])
                 if "status" in step:
                     return self.send_json(step["status"], {"error": {"message": "scripted failure",
                                                                      "type": "server_error"}})
                 self.send_json(200, server._completion(step))
 
+            def misbehave(self, step: dict) -> None:
+                """Never finish a reply: say nothing, or drip whitespace, until the server closes or the
+                client hangs up."""
+                self.close_connection = True
+                if "stall" in step:
+                    server.released.wait()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                try:
+                    while not server.released.wait(step["drip"]):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                except OSError:         # the client gave up
+                    pass
+
         self.listen(Handler)
         self.base_url = f"http://{self.host}/v1"
+
+    def close(self) -> None:
+        self.released.set()
+        super().close()
 
     def _next(self, raw: bytes) -> dict:
         with self._lock:

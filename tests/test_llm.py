@@ -1,0 +1,148 @@
+"""The model endpoint on the wire: total deadlines, replies that are not completions, calls written as text."""
+import asyncio
+import json
+import time
+import unittest
+
+from ias.llm import LLM, LLMError, Reply, ToolCall, text_calls
+from tests.servers.llm import LLMServer, broken, drip, raw, stall, text
+from tests.support import FIXTURES
+
+RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
+WEATHER = {"type": "function", "function": {"name": "query_weather", "description": "实时天气",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}}}}}
+ECHO = {"type": "function", "function": {"name": "echo_low", "description": "echo", "parameters": {"type": "object"}}}
+
+
+class WireTestCase(unittest.IsolatedAsyncioTestCase):
+    timeout = 0.4                   # IAS_LLM_TIMEOUT, small
+
+    async def asyncSetUp(self):
+        self.server = LLMServer().__enter__()
+        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01,), timeout=self.timeout)
+
+    async def asyncTearDown(self):
+        await self.llm.close()
+        await asyncio.to_thread(self.server.__exit__)
+
+    async def complete(self, tools=(WEATHER,), limit: float = 10) -> Reply:
+        """One request; `limit` only keeps a hung client from hanging the suite."""
+        return await asyncio.wait_for(self.llm.complete([{"role": "user", "content": "北京天气怎么样"}], list(tools)),
+                                      limit)
+
+
+class DeadlineTest(WireTestCase):
+    async def assert_fails_within_deadline(self, step: dict) -> None:
+        self.server.script(step, step, text("又好了。"))
+        started = time.monotonic()
+        with self.assertRaises(LLMError):
+            await self.complete()
+        elapsed = time.monotonic() - started
+        self.assertGreaterEqual(elapsed, 2 * self.timeout)          # both attempts waited out their deadline
+        self.assertLess(elapsed, 2 * self.timeout + 2.0)
+        self.assertEqual(len(self.server.requests), 2)
+        self.assertEqual((await self.complete()).content, "又好了。")     # the next request is answered
+
+    async def test_a_stalled_endpoint(self):
+        """It accepts the request and never answers."""
+        await self.assert_fails_within_deadline(stall())
+
+    async def test_a_dripping_endpoint(self):
+        """A byte every 50 ms: each read is well within any per-read timeout, the reply never complete."""
+        await self.assert_fails_within_deadline(drip(0.05))
+
+    async def test_the_deadline_is_per_attempt(self):
+        """A stalled first attempt, then a good one: the reply."""
+        self.server.script(stall(), text("好了。"))
+        self.assertEqual((await self.complete()).content, "好了。")
+
+
+class NotACompletionTest(WireTestCase):
+    async def test_broken_json_is_retried_like_a_5xx(self):
+        for bad in (broken(), raw(b"<html><body>502 Bad Gateway</body></html>"), raw({}), raw({"choices": []})):
+            with self.subTest(bad=bad["raw"][:40]):
+                self.server.script(bad, text("好的。"))
+                self.assertEqual(await self.complete(), Reply("好的。", ()))
+
+    async def test_broken_json_every_time_is_an_llm_error(self):
+        self.server.script(broken(), broken())
+        with self.assertRaisesRegex(LLMError, "failed 2 times: a reply that is not valid JSON"):
+            await self.complete()
+
+
+class TextCallsOnTheWireTest(WireTestCase):
+    """Recorded replies of llama.cpp, Ollama and vLLM (tests/fixtures/model_replies)."""
+
+    async def test_each_recorded_shape_is_a_call(self):
+        for name, body in RECORDED["calls"].items():
+            with self.subTest(name):
+                self.server.script(raw(body))
+                reply = await self.complete(tools=(ECHO, WEATHER))
+                self.assertIsNone(reply.content)
+                [call] = reply.tool_calls
+                self.assertEqual((call.name, json.loads(call.arguments)), ("query_weather", {"city": "北京"}))
+                self.assertTrue(call.id.startswith("call_text_"), call.id)
+
+    async def test_other_shapes_stay_text(self):
+        for name, body in RECORDED["texts"].items():
+            with self.subTest(name):
+                self.server.script(raw(body))
+                self.assertEqual(await self.complete(), Reply(body["choices"][0]["message"]["content"], ()))
+
+    async def test_a_tool_that_was_not_offered_stays_text(self):
+        body = RECORDED["calls"]["tools_tag (llama.cpp, Qwen2.5-1.5B)"]
+        self.server.script(raw(body))
+        self.assertEqual(await self.complete(tools=(ECHO,)), Reply(body["choices"][0]["message"]["content"], ()))
+
+
+class TextCallsTest(unittest.TestCase):
+    offered = {"query_weather", "echo_low"}
+
+    def calls(self, content: str) -> list[tuple[str, dict]]:
+        return [(c.name, json.loads(c.arguments)) for c in text_calls(content, self.offered)]
+
+    def test_several_tagged_calls(self):
+        content = ('<tool_call>\n{"name": "query_weather", "arguments": {"city": "北京"}}\n</tool_call>\n'
+                   '<tool_call>\n{"name": "echo_low", "arguments": {"text": "a"}}\n</tool_call>')
+        self.assertEqual(self.calls(content), [("query_weather", {"city": "北京"}), ("echo_low", {"text": "a"})])
+        ids = [c.id for c in text_calls(content, self.offered)]
+        self.assertEqual(len(set(ids)), 2)
+        # One unknown among them: all text.
+        self.assertEqual(self.calls(content.replace("echo_low", "rm_rf")), [])
+
+    def test_a_list_of_calls_and_the_function_tag_with_escaped_quotes(self):
+        self.assertEqual(self.calls('[{"name": "echo_low", "arguments": {}}]'), [("echo_low", {})])
+        self.assertEqual(self.calls('<function name="echo_low" arguments="{&quot;text&quot;: &quot;x&quot;}"></function>'),
+                         [("echo_low", {"text": "x"})])
+        self.assertEqual(self.calls("<function name=echo_low arguments='{\"text\": \"a&amp;b\"}'/>"),
+                         [("echo_low", {"text": "a&amp;b"})])      # single quotes: the JSON as written
+
+    def test_not_calls(self):
+        for content in ["", "   ", "北京今天晴。", '{"name": "echo_low", "arguments": "not json"}',
+                        '{"name": "echo_low", "arguments": "[1]"}', '{"name": 5, "arguments": {}}', "[]", "[1]",
+                        '<tool_call>{"name": "echo_low", "arguments": {}}</tool_call> 好的',
+                        '<tools>{"name": "echo_low", "arguments": {}}</tool_call>',
+                        "<function name=echo_low arguments='[1]'/>", "<function name=echo_low/>",
+                        '```\n{"name": "echo_low", "arguments": {}}', '{"name": "echo_low", "arguments": {}} {}',
+                        "[" * 10_000 + "]" * 10_000]:
+            with self.subTest(content=content[:60]):
+                self.assertEqual(text_calls(content, self.offered), ())
+
+    def test_hostile_sizes_are_quick(self):
+        started = time.monotonic()
+        for content in ["<tool_call>" * 100_000, "<tools>" + " " * 1_000_000, "<function name=a " * 50_000,
+                        '{"name": "echo_low", "arguments": {"text": "' + "x" * 2_000_000 + '"}}']:
+            text_calls(content, self.offered)
+        self.assertLess(time.monotonic() - started, 2.0)
+
+    def test_a_text_call_becomes_an_assistant_message_with_the_call(self):
+        [call] = text_calls('<tools>{"name": "echo_low", "arguments": {"text": "hi"}}</tools>', self.offered)
+        message = Reply(None, (call,)).message()
+        self.assertEqual(message["tool_calls"], [{"id": call.id, "type": "function",
+                                                  "function": {"name": "echo_low", "arguments": '{"text": "hi"}'}}])
+        self.assertIsInstance(call, ToolCall)
+
+
+if __name__ == "__main__":
+    unittest.main()
