@@ -32,7 +32,7 @@ from .pgcluster import Cluster
 from .ranker import Catalog
 from .router import Router
 from .runner import Runner, recover
-from .scheduler import Scheduler, retry_later
+from .scheduler import Scheduler, prune_daily, retry_later
 from .mcp import Servers
 from .registry import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
@@ -299,6 +299,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             c.mcp.keep()                            # MCP servers start now, and come back when they die
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
+            supervisor.spawn(prune_daily(store, config.retention_days, on_store_error=store_error), "retention")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
             supervisor.spawn(watch_skills(c.registry, console, user,
                                           tell=lambda text: c.outbox.send(user, text, kind="notice")), "skills watcher")

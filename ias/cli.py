@@ -39,6 +39,20 @@ def _text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def _day(value: str):
+    """A past moment: YYYY-MM-DD (midnight, Beijing time) or an ISO time (Beijing time without an offset)."""
+    from datetime import datetime
+    from .cron import TZ
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD) or ISO time: {_text(value)[:40]!r}") from None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=TZ)
+    if moment > datetime.now(TZ):
+        raise argparse.ArgumentTypeError(f"{moment.isoformat()} is in the future")
+    return moment
+
+
 def _count(value: str) -> int:
     """A whole number from 0 to CLI_NUMBER_MAX (a --limit, a task id)."""
     try:
@@ -104,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
+    audit.add_argument("--prune-before", type=_day, metavar="DATE",
+                       help="remove the rows older than DATE (YYYY-MM-DD, Beijing time, or an ISO time), "
+                            "keeping a keyed checkpoint; only a log that verifies is pruned")
     return parser
 
 
@@ -123,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "outbox":
             return asyncio.run(cmd_outbox(config, args.all))
         if args.command == "audit":
+            if args.prune_before is not None:
+                return asyncio.run(cmd_audit_prune(config, args.prune_before))
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
         if args.command == "tasks":
             return asyncio.run(cmd_tasks(config, args))
@@ -325,6 +344,24 @@ async def cmd_audit(config, limit: int, verify: bool) -> int:
             return 0 if verdict.intact else 1
         for row in await store.audit_rows(limit):
             print(format_row(row))
+    return 0
+
+
+async def cmd_audit_prune(config, before) -> int:
+    from .app import open_store
+    from .audit import prune
+    async with open_store(config) as store:
+        verdict, pruned = await prune(store, before)
+    for line in verdict.problems:
+        print(line)
+    if not verdict.intact:
+        print(f"{verdict.summary()}; nothing pruned", file=sys.stderr)
+        return 1
+    if pruned is None:
+        print(f"audit log: no row older than {before.isoformat()}; nothing pruned")
+    else:
+        print(f"audit log: {pruned.count} rows older than {before.isoformat()} removed (up to row {pruned.last_id}); "
+              f"a keyed checkpoint keeps the rest verifiable ({pruned.total} rows pruned in all)")
     return 0
 
 

@@ -39,6 +39,7 @@ _SETTINGS = {
     "wechat_budget": ("IAS_WECHAT_BUDGET", (int, 2, 100)),
     "outbox_expire": ("IAS_OUTBOX_EXPIRE", (float, 60, 90 * 86400)),
     "fallback_after": ("IAS_FALLBACK_AFTER", (float, 0, 7 * 86400)),
+    "retention_days": ("IAS_RETENTION_DAYS", (int, 1, 36500)),
     "notify_email": ("IAS_NOTIFY_EMAIL", str),
     "notify_wecom_url": ("IAS_NOTIFY_WECOM_URL", str),
     "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
@@ -69,6 +70,7 @@ class Config:
     wechat_budget: int = 8                  # bot messages per owner message, the last being "reply to continue"
     outbox_expire: float = 259200.0         # seconds a queued message may wait before it expires
     fallback_after: float = 600.0           # seconds past its due time before a reminder/task result goes to the fallback
+    retention_days: int = 180               # history, settled outbox rows and task runs older than this are pruned daily
     notify_email: str | None = None
     notify_wecom_url: str | None = None
     notify_webhook_url: str | None = None
