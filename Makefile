@@ -12,20 +12,32 @@ ensure_server = if $(if $(1),[ -z "$${$(1):-}" ] &&) ! $(PY) -c 'from ias.pgclus
 	echo "no PostgreSQL server binaries on this system: installing the pgserver wheel (pip install -e '.[embedded]')"; \
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[embedded]'; fi
 
+# bubblewrap gives skills and MCP servers their sandbox (README, Sandbox): installed with apt-get when
+# missing and we are root, else one line saying what to install (iAs then reports `sandbox: none`).
+ensure_bwrap = if ! command -v bwrap >/dev/null 2>&1; then \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "bubblewrap (bwrap) is missing: installing it (apt-get install -y bubblewrap)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }; \
+	else echo "bubblewrap (bwrap) is missing: install it (e.g. sudo apt-get install bubblewrap) for the full sandbox level"; fi; fi
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $(STAMP)
 
 run: $(STAMP)
+	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_DATABASE_URL)
 	$(PY) ias.py
 
 test: $(STAMP)
+	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_TEST_DATABASE_URL)
 	$(PY) -m unittest discover -s tests -t .
 
 bench: $(STAMP)
+	@$(ensure_bwrap)
 	@$(call ensure_server)
 	-$(PY) -m pip install --quiet --disable-pip-version-check jsonschema   # baseline for the validator figure
 	$(PY) bench/run.py

@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -63,6 +63,40 @@ CREATE OR REPLACE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit
 CREATE OR REPLACE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
     FOR EACH STATEMENT EXECUTE FUNCTION audit_refuse();
 
+-- The calls in flight: a skill_started row whose call tag no skill_finished or skill_interrupted
+-- row shares yet. Kept by a trigger in the transaction of each such row (bookkeeping only: the
+-- log stays the record), so a daemon start finds the interrupted calls without scanning the log.
+CREATE TABLE IF NOT EXISTS calls_in_flight (
+    call     text PRIMARY KEY,
+    audit_id bigint NOT NULL
+);
+
+CREATE OR REPLACE FUNCTION audit_calls_in_flight() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.detail LIKE 'call=%' THEN
+        IF NEW.event = 'skill_started' THEN
+            INSERT INTO calls_in_flight (call, audit_id) VALUES (NEW.detail, NEW.id) ON CONFLICT DO NOTHING;
+        ELSIF NEW.event IN ('skill_finished', 'skill_interrupted') THEN
+            DELETE FROM calls_in_flight WHERE call = NEW.detail;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER audit_log_calls AFTER INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_calls_in_flight();
+
+-- Where `ias audit --prune-before` cut the log (one row): the last removed row's id and value,
+-- the rows removed so far, sealed with the chain key (ias/auditchain.py). `--verify` starts from
+-- it; without the key it cannot be forged.
+CREATE TABLE IF NOT EXISTS audit_checkpoint (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    last_id    bigint NOT NULL,
+    last_value text NOT NULL,
+    pruned     bigint NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    seal       text NOT NULL
+);
+
 -- Conversation history per user (one row per chat message sent to or received from the model).
 CREATE TABLE IF NOT EXISTS messages (
     id      bigserial PRIMARY KEY,
@@ -71,6 +105,7 @@ CREATE TABLE IF NOT EXISTS messages (
     message jsonb NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_user ON messages (user_id, id DESC);
+CREATE INDEX IF NOT EXISTS messages_at ON messages (at);          -- retention
 
 -- Channel state: WeChat token, cursor, context tokens … (one JSON value per key).
 CREATE TABLE IF NOT EXISTS channel_state (
@@ -149,6 +184,9 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_queued ON outbox (user_id, id) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS outbox_run ON outbox (task_run_id) WHERE task_run_id IS NOT NULL;
+-- Retention: settled messages and finished runs by age.
+CREATE INDEX IF NOT EXISTS outbox_done ON outbox (done_at) WHERE state <> 'queued';
+CREATE INDEX IF NOT EXISTS task_runs_finished ON task_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- Every inbound message, recorded on arrival: pending until its outcome (a reply queued in the outbox,
 -- or an approval reply applied) is stored, then done. What is still pending at a start is handled
@@ -165,3 +203,4 @@ CREATE TABLE IF NOT EXISTS inbound (
     replays     integer NOT NULL DEFAULT 0      -- starts that handled it again (given up past a limit)
 );
 CREATE INDEX IF NOT EXISTS inbound_pending ON inbound (id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS inbound_done ON inbound (done_at) WHERE state = 'done';

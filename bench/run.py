@@ -88,7 +88,9 @@ async def _bench_app(fixture: str):
 
     dsn, schema_name = await asyncio.to_thread(fresh_schema_dsn)
     tmp = Path(tempfile.mkdtemp(prefix="ias-bench-"))
-    config = Config(data_dir=tmp, system_skills_dir=None, skills_dir=REPO / "tests" / "fixtures" / fixture,
+    skills = Path(tempfile.mkdtemp(prefix="ias-bench-skills-")) / fixture
+    shutil.copytree(REPO / "tests" / "fixtures" / fixture, skills)     # links made files: a sandbox sees its dir only
+    config = Config(data_dir=tmp, system_skills_dir=None, skills_dir=skills,
                     approval_timeout=60, environ={"PATH": os.environ.get("PATH", "")})
     key = os.urandom(32)
     store = await Store.open(dsn, chain=AuditChain.derive(key, config.audit_head))
@@ -102,16 +104,23 @@ async def _bench_app(fixture: str):
         await store.close()
         await asyncio.to_thread(drop_schema, schema_name)
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(skills.parent, ignore_errors=True)
 
 
 async def bench_gate() -> None:
     """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
-    from tests.support import FakeOwner
+    from dataclasses import replace
+    from ias.sandbox import Policy
+    from tests.support import FakeOwner, granted
 
     async with _bench_app("gate") as (app, tmp):
         registry, runner, approvals, gate = app.registry, app.runner, app.approvals, app.gate
         script = registry.get("echo_low").execute
         rounds = 60
+        # The same skill outside the sandbox (bench only: `- unconfined` is refused on a Low skill), for the
+        # gate's own overhead and for what the sandbox adds.
+        registry.skills["echo_open"] = replace(registry.get("echo_low"), name="echo_open",
+                                               sandbox=Policy(unconfined=True))
 
         async def bare() -> None:
             proc = await asyncio.create_subprocess_exec(
@@ -121,22 +130,28 @@ async def bench_gate() -> None:
             await proc.communicate(b'{"text": "hi"}')
 
         async def through_gate() -> None:
+            result = await gate.call("bench", "echo_open", {"text": "hi"})
+            assert result == {"success": True, "output": "hi"}, result
+
+        async def sandboxed() -> None:
             result = await gate.call("bench", "echo_low", {"text": "hi"})
             assert result == {"success": True, "output": "hi"}, result
 
-        for fn in (bare, through_gate):        # warm-up
+        for fn in (bare, through_gate, sandboxed):        # warm-up
             for _ in range(5):
                 await fn()
-        bare_t, gate_t = [], []
-        for _ in range(rounds):              # interleaved so both see the same machine load
-            for fn, sink in ((bare, bare_t), (through_gate, gate_t)):
+        bare_t, gate_t, boxed_t = [], [], []
+        for _ in range(rounds):              # interleaved so all see the same machine load
+            for fn, sink in ((bare, bare_t), (through_gate, gate_t), (sandboxed, boxed_t)):
                 start = time.perf_counter()
                 await fn()
                 sink.append(time.perf_counter() - start)
-        b, g = statistics.median(bare_t) * 1000, statistics.median(gate_t) * 1000
+        b, g, s = (statistics.median(t) * 1000 for t in (bare_t, gate_t, boxed_t))
         limit = 1.5 * b + 5
         report(f"runner overhead: gate call {g:.1f} ms vs bare bash -c {b:.1f} ms = {g / b:.2f}x "
-               f"(target <= 1.5x + 5 ms = {limit:.1f} ms)", g <= limit)
+               f"(unsandboxed, the sandbox is the next figure; target <= 1.5x + 5 ms = {limit:.1f} ms)", g <= limit)
+        report(f"sandbox: sandboxed Low call {s:.1f} ms vs the same call unsandboxed {g:.1f} ms = +{s - g:.1f} ms "
+               f"(median of {rounds}, level {runner.sandbox.level()}; target <= +15 ms)", s - g <= 15)
 
         started: list[float] = []
         original = runner.run
@@ -147,9 +162,10 @@ async def bench_gate() -> None:
             return result
         runner.run = timed_run
         latencies = []
+        marker = granted("bench-mark")       # where mark_high's ## Sandbox lets it write
         for i in range(15):
             owner = FakeOwner()
-            task = asyncio.create_task(gate.call("bench", "mark_high", {"marker": str(tmp / "m")}, owner.notify))
+            task = asyncio.create_task(gate.call("bench", "mark_high", {"marker": str(marker)}, owner.notify))
             code = await owner.code()
             received = time.monotonic()
             await approvals.redeem("bench", code)
@@ -413,6 +429,123 @@ def bench_scale() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+AUDIT_ROWS = int(os.environ.get("IAS_BENCH_AUDIT_ROWS", 1_000_000))         # rows of the audit log the retention figures are measured over
+
+
+def fill_audit(dsn: str, chain, rows: int) -> None:
+    """`rows` keyed audit rows appended to the log of `dsn`, chained in Python and COPYed in (a turn's
+    worth of a call each: started, then finished with its exit code), and the head recorded."""
+    from datetime import datetime, timedelta, timezone
+    import psycopg
+    from ias.auditchain import Head, advance, seal
+    from ias.store import ChainRow
+    columns = [f.name for f in ChainRow.__dataclass_fields__.values() if f.name != "digest"]
+    start = datetime.now(timezone.utc) - timedelta(days=400)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(first, previous)] = conn.execute("SELECT coalesce(max(id), 0) + 1, coalesce((SELECT hash FROM audit_log "
+                                           "ORDER BY id DESC LIMIT 1), '') FROM audit_log").fetchall()
+        with conn.transaction(), conn.cursor().copy(f"COPY audit_log ({', '.join(columns)}) FROM STDIN") as copy:
+            for row_id in range(first, first + rows):
+                finished = row_id % 2 == 0
+                row = ChainRow(row_id, start + timedelta(milliseconds=30 * row_id),
+                               "skill_finished" if finished else "skill_started", "owner", "query_weather",
+                               '{"city": "北京", "days": 3}', "low", None, None, 0 if finished else None,
+                               120 if finished else None, 2048 if finished else None, False if finished else None,
+                               f"call={(row_id + 1) // 2:032x} pid=1 start=1", previous, "")
+                previous = seal(chain.key, row)
+                copy.write_row([*(getattr(row, name) for name in columns[:-1]), previous])
+        conn.execute("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), %s)", (first + rows - 1,))
+    advance(chain.head, Head(first + rows - 1, previous))
+
+
+def _measured(argv: list[str], env: dict, cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run a command: its wall time (s), its peak RSS (MB) and what it printed."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.stdout.read(), proc.stderr.read()           # a few lines each
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    proc.stderr.close()
+    return (time.perf_counter() - start, usage.ru_maxrss / 1024,
+            subprocess.CompletedProcess(argv, proc.returncode, out, err))
+
+
+def _ready_seconds(env: dict, cwd: Path) -> float:
+    """Seconds from spawning the daemon to its READY=1 (then it is stopped)."""
+    import signal
+    import socket
+    sock_path = str(cwd / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(sock_path)
+        listener.settimeout(120)
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(REPO / "ias.py")], env={**env, "NOTIFY_SOCKET": sock_path},
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+        try:
+            listener.recv(64)
+            return time.perf_counter() - start
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            os.unlink(sock_path)
+
+
+def bench_retention() -> None:
+    """1 M keyed audit rows: `ias audit --verify` (wall time, peak RSS), daemon start against an empty
+    log (the baseline) and against this one, and `ias audit --prune-before` of the older half."""
+    from tests.support import drop_schema, fresh_schema_dsn
+    from ias.approval import load_key
+    from ias.auditchain import AuditChain
+    from ias.store import Store
+
+    tmp = Path(tempfile.mkdtemp(prefix="ias-bench-retention-"))
+    schemas = [fresh_schema_dsn(), fresh_schema_dsn()]
+    try:
+        envs = []
+        for i, (dsn, _) in enumerate(schemas):
+            data = tmp / f"data{i}"
+            chain = AuditChain.derive(load_key(data / "secret.key"), data / "audit.head")
+            asyncio.run(_opened_and_closed(Store, dsn, chain))
+            envs.append((chain, {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "OPENAI_"))},
+                                 "IAS_DATABASE_URL": dsn, "IAS_DATA_DIR": str(data),
+                                 "IAS_SKILLS_DIR": str(REPO / "tests" / "fixtures" / "gate")}))
+        (_, empty_env), (chain, env) = envs
+        start = time.perf_counter()
+        fill_audit(schemas[1][0], chain, AUDIT_ROWS)
+        print(f"      ({AUDIT_ROWS:,} keyed audit rows written in {time.perf_counter() - start:.1f} s)", flush=True)
+        import psycopg
+        with psycopg.connect(schemas[1][0], autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE audit_log")
+        ias = [sys.executable, str(REPO / "ias.py")]
+        _measured([*ias, "audit", "--verify"], env, tmp)                    # the table read once into the cache
+        wall, rss, verify = _measured([*ias, "audit", "--verify"], env, tmp)
+        base_wall, base_rss, _ = _measured([*ias, "audit", "--limit", "1"], env, tmp)
+        report(f"audit --verify over {AUDIT_ROWS:,} rows: {wall:.2f} s, peak RSS {rss:.0f} MB "
+               f"(`audit --limit 1`: {base_wall:.2f} s, {base_rss:.0f} MB; {verify.stdout.strip() or verify.stderr.strip()}; "
+               f"targets <= 5 s, <= 100 MB)", verify.returncode == 0 and wall <= 5 and rss <= 100)
+        empty = min(_ready_seconds(empty_env, tmp) for _ in range(3))
+        full = min(_ready_seconds(env, tmp) for _ in range(3))
+        report(f"daemon start with {AUDIT_ROWS:,} audit rows: {full:.2f} s to READY (with none: {empty:.2f} s; "
+               f"target within 0.2 s of it)", full - empty <= 0.2)
+        from datetime import datetime, timedelta, timezone
+        half = (datetime.now(timezone.utc) - timedelta(days=400) + timedelta(milliseconds=30 * AUDIT_ROWS // 2)).isoformat()
+        wall, _, pruned = _measured([*ias, "audit", "--prune-before", half], env, tmp)
+        after, _, verify = _measured([*ias, "audit", "--verify"], env, tmp)
+        report(f"audit --prune-before (the older half): {wall:.1f} s, then --verify {after:.2f} s "
+               f"({verify.stdout.strip() or verify.stderr.strip()})", pruned.returncode == 0 and verify.returncode == 0)
+    finally:
+        for _, name in schemas:
+            drop_schema(name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _opened_and_closed(store_class, dsn: str, chain) -> None:
+    """The schema built (and the store closed again)."""
+    store = await store_class.open(dsn, chain=chain)
+    await store.close()
+
+
 def _all_tools_bytes(root: Path) -> int:
     from ias.ranker import Catalog
     _, size = Catalog(load_registry(REPO / "resources/skills", root), 128, 1 << 30).totals()
@@ -429,6 +562,7 @@ def main() -> int:
     bench_agent()
     bench_footprint()
     bench_scale()
+    bench_retention()
     missed = [line for line, ok in RESULTS if not ok]
     print(f"\n{len(RESULTS) - len(missed)} of {len(RESULTS)} figures within target")
     return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 
-from . import ilink, systemd
+from . import ilink, sandbox, systemd
 from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
 from .auditchain import AuditChain
@@ -25,18 +25,19 @@ from .errors import IasError, StoreError
 from .gate import Gate
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
 from .locks import FileLock
-from .monitor import DatabaseMonitor
+from .monitor import DatabaseMonitor, DiskWatch
 from .notifiers import Fallback, configured
 from .outbox import Outbox
 from .pgcluster import Cluster
 from .ranker import Catalog
 from .router import Router
 from .runner import Runner, recover
-from .scheduler import Scheduler, retry_later
+from .scheduler import Scheduler, prune_daily, retry_later
 from .mcp import Servers
 from .registry import Registry, mcp_cache, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
+from .unwritten import FILE as UNWRITTEN_FILE
 from .wechat_login import credentials
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def make_runner(config: Config) -> Runner:
     environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
                "IAS_DATA_DIR": str(config.data_dir.resolve())}
     return Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
-                  python=sys.executable)
+                  python=sys.executable, sandbox=sandbox.for_config(config))
 
 
 async def resolve_owner(config: Config, store: Store) -> str:
@@ -239,13 +240,15 @@ async def _explain_no_confirm(text: str) -> bool:
     return False
 
 
-async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT) -> int:
+async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT,
+                     statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
     """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT (exit 0) or a failure (exit 1).
 
     Every background task runs under one supervisor: one that crashes, or a database that stays
     unreachable past `db_lost_limit` seconds, stops the daemon with exit status 1 so that the
     service manager restarts it. On SIGTERM the running skills are ended first, then the calls
-    record their results (within SHUTDOWN_GRACE), and only then are the turns cancelled.
+    record their results (within SHUTDOWN_GRACE), and only then are the turns cancelled. `statvfs`: how
+    the free space under the data directory is measured (the owner is warned below 5 %).
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -271,6 +274,8 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.error("skill not loaded: %s", line)
         # Crash recovery: what a dead daemon or command left behind (never a re-run).
         await asyncio.to_thread(recover, c.runner.run_dir)
+        c.gate.unwritten.path = config.data_dir / UNWRITTEN_FILE     # the daemon's ends survive its restart
+        await c.gate.unwritten.replay()             # ends a stopped daemon kept: written, never "interrupted"
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()
         await c.outbox.forget_unresumable()
@@ -297,11 +302,16 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             c.mcp.keep()                            # MCP servers start now, and come back when they die
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
+            supervisor.spawn(prune_daily(store, config.retention_days, on_store_error=store_error), "retention")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
             supervisor.spawn(watch_skills(c.registry, console, user,
                                           tell=lambda text: c.outbox.send(user, text, kind="notice")), "skills watcher")
+            supervisor.spawn(DiskWatch(config.data_dir, lambda text: c.outbox.send(user, text, kind="notice"),
+                                       statvfs=statvfs).run(), "disk watch")
             systemd.notify("READY=1\nSTATUS=serving")
-            log.info("iAs is running (pid %d; channels: %s)", os.getpid(), ", ".join(channels))
+            level = c.runner.sandbox.level()
+            log.info("iAs is running (pid %d; channels: %s; sandbox: %s)", os.getpid(), ", ".join(channels),
+                     level if level.full or level.name == "partial" else f"{level} ({level.missing})")
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -321,6 +331,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             await scheduler.stop()
             await supervisor.cancel(SHUTDOWN_GRACE)
             await c.gate.drain(SHUTDOWN_GRACE)          # what the cancellations recorded
+            c.gate.unwritten.save()                     # what the database refused: for the next start
             try:
                 await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"
                                              + (f", {supervisor.reason}" if supervisor.reason else "")))

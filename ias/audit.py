@@ -7,20 +7,23 @@ newest rows with the head kept outside the database, so an edited, deleted, re-c
 truncated log is found whoever wrote it. Rows from before the keyed chain are checked by
 their old rule (a SHA-256 the verifying query computes with built-ins) and counted as unkeyed:
 they prove less, since anyone could have computed them.
+
+The oldest rows can be removed only by `prune` (`ias audit --prune-before DATE`), which leaves a
+keyed checkpoint at the cut; verification starts from it, so the rest is still proved.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from contextlib import aclosing
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from .auditchain import AuditChain, Head, HeadError, is_keyed, read_head, reset, seal
+from .auditchain import KEYED, AuditChain, Checkpoint, Head, HeadError, Sealer, is_keyed, mark, read_head, reset
 from .errors import StoreError
 from .limits import AUDIT_KEY_MAX, AUDIT_VALUE_MAX
-from .store import AuditRow, ChainRow, Store
+from .store import AuditRow, Pruned, Store
 
 SECRET_KEY_RE = re.compile(r"pass|secret|token|key|cookie|auth", re.IGNORECASE)
 REDACTED = "***"
@@ -70,11 +73,13 @@ def _hide(value: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What `verify` found: rows read, those before the keyed chain, and the problems (the first
-    PROBLEMS_KEPT of `broken`)."""
+    PROBLEMS_KEPT of `broken`); `pruned` rows were removed before `checkpoint` (the last one's id)."""
     rows: int
     unkeyed: int
     problems: tuple[str, ...]
     broken: int
+    pruned: int = 0
+    checkpoint: int | None = None
 
     @property
     def intact(self) -> bool:
@@ -85,7 +90,9 @@ class Verdict:
             more = self.broken - len(self.problems)
             return f"audit log: chain broken ({self.broken} problems{f', {more} not shown' if more else ''})"
         unkeyed = f"; {self.unkeyed} rows before the keyed chain (unkeyed)" if self.unkeyed else ""
-        return f"audit log: chain intact ({self.rows} rows{unkeyed})"
+        pruned = (f"; {self.pruned} older rows pruned, checkpoint at row {self.checkpoint}"
+                  if self.checkpoint is not None else "")
+        return f"audit log: chain intact ({self.rows} rows{unkeyed}{pruned})"
 
 
 async def verify(store: Store) -> list[str]:
@@ -94,7 +101,8 @@ async def verify(store: Store) -> list[str]:
 
 
 async def check(store: Store) -> Verdict:
-    """Check every row's value and link, and the head kept outside the database, in one pass.
+    """Check every row's value and link, the checkpoint a prune left, and the head kept outside
+    the database, in one pass over one snapshot (streamed: memory stays flat).
 
     The head is read before the rows' snapshot is taken: it is written after its row commits,
     so a row a running daemon appends meanwhile can never look like a removed one.
@@ -120,6 +128,16 @@ async def anchor(store: Store) -> Verdict:
     return verdict
 
 
+async def prune(store: Store, before: datetime) -> tuple[Verdict, Pruned | None]:
+    """Remove the audit rows older than `before`, leaving a keyed checkpoint (`Store.prune_audit`),
+    but only from a log that verifies: pruning a broken log would destroy the evidence. The
+    verdict, and what was removed (None: nothing, or the log is broken)."""
+    verdict = await check(store)
+    if not verdict.intact:
+        return verdict, None
+    return verdict, await store.prune_audit(before, f"ias audit --prune-before {before.isoformat()}")
+
+
 def _chain(store: Store) -> AuditChain:
     if store.chain is None:
         raise StoreError("no audit chain key: the audit log cannot be verified")
@@ -128,19 +146,23 @@ def _chain(store: Store) -> AuditChain:
 
 class _Walk:
     """One pass along the chain: what has been seen so far, measured against `head` (the newest
-    row recorded outside the database; `expect_head`: its absence is a problem once rows are keyed)."""
+    row recorded outside the database; `expect_head`: its absence is a problem once rows are keyed)
+    and starting from the checkpoint a prune left, once its keyed seal is checked."""
 
     def __init__(self, chain: AuditChain, head: Head | None, expect_head: bool):
         self.chain, self.head, self.expect_head = chain, head, expect_head
+        self.sealer = Sealer(chain.key)
         self.problems: list[str] = []
         self.broken = self.rows = self.unkeyed = self.keyed = self.forged = 0
-        self.previous, self.last_id, self.head_seen = "", None, False
+        self.previous, self.last_id, self.head_seen, self.keyed_began = "", None, False, False
+        self.checkpoint: Checkpoint | None = None
 
     async def along(self, store: Store) -> Verdict:
-        async with aclosing(store.audit_chain()) as batches:
+        async with store.audit_chain() as (checkpoint, batches):
+            self.start(checkpoint)
             async for batch in batches:
-                for row in batch:
-                    self.step(row)
+                for link in batch:
+                    self.step(link)
         return self.verdict()
 
     def found(self, line: str) -> None:
@@ -148,32 +170,49 @@ class _Walk:
         if len(self.problems) < PROBLEMS_KEPT:
             self.problems.append(line)
 
-    def step(self, row: ChainRow) -> None:
+    def start(self, checkpoint: Checkpoint | None) -> None:
+        """Begin where the log was cut: the first remaining row must link to the last removed one."""
+        if checkpoint is None:
+            return
+        if mark(self.chain.key, checkpoint.last_id, checkpoint.last_value, checkpoint.pruned) != checkpoint.seal:
+            self.found(f"the audit checkpoint at row {checkpoint.last_id} does not match its keyed seal "
+                       "(forged or altered)")
+            return
+        self.checkpoint, self.previous = checkpoint, checkpoint.last_value
+        self.keyed_began = is_keyed(checkpoint.last_value)
+
+    def step(self, link: tuple) -> None:
+        """One row, as auditchain.LINK_FIELDS."""
+        row_id, prev_hash, value = link[0], link[14], link[15]
         self.rows += 1
-        self.last_id = row.id
-        if row.prev_hash != self.previous:
-            self.found(f"row {row.id}: chain broken (previous row removed or altered)")
-        if is_keyed(row.hash):
+        self.last_id = row_id
+        if self.checkpoint is not None and row_id <= self.checkpoint.last_id:
+            self.found(f"row {row_id}: at or before the checkpoint at row {self.checkpoint.last_id} "
+                       "(row added after the log was pruned)")
+        if prev_hash != self.previous:
+            self.found(f"row {row_id}: chain broken (previous row removed or altered)")
+        if value.startswith(KEYED):
             self.keyed += 1
-            if seal(self.chain.key, row) != row.hash:
+            self.keyed_began = True
+            if self.sealer.link(link) != value:
                 self.forged += 1
-                self.found(f"row {row.id}: contents do not match its keyed hash (row altered or re-chained)")
-        elif self.keyed:
-            self.found(f"row {row.id}: not keyed, after the keyed chain began (row altered or re-chained)")
+                self.found(f"row {row_id}: contents do not match its keyed hash (row altered or re-chained)")
+        elif self.keyed_began:
+            self.found(f"row {row_id}: not keyed, after the keyed chain began (row altered or re-chained)")
         else:
             self.unkeyed += 1
-            if row.digest != row.hash:
-                self.found(f"row {row.id}: contents do not match its hash (row altered)")
-        if self.head is not None and row.id == self.head.id:
+            if link[16] != value:
+                self.found(f"row {row_id}: contents do not match its hash (row altered)")
+        if self.head is not None and row_id == self.head.id:
             self.head_seen = True
-            if row.hash != self.head.value:
-                self.found(f"row {row.id}: differs from the chain head kept in {self.chain.head} "
+            if value != self.head.value:
+                self.found(f"row {row_id}: differs from the chain head kept in {self.chain.head} "
                            "(row altered or re-chained)")
-        self.previous = row.hash
+        self.previous = value
 
     def verdict(self) -> Verdict:
-        where = self.chain.head
-        if self.head is not None and not self.head_seen:
+        where, cut = self.chain.head, self.checkpoint
+        if self.head is not None and not self.head_seen and not self._pruned(self.head):
             end = f"the log ends at row {self.last_id}" if self.last_id is not None else "the log is empty"
             self.found(f"row {self.head.id} is missing: the chain head kept in {where} names it, {end} (rows removed)")
         elif self.head is None and self.keyed and self.expect_head:
@@ -181,7 +220,13 @@ class _Walk:
                        "(restored or moved? see README, Audit log)")
         if self.keyed and self.forged == self.keyed:
             self.found("every keyed row fails: the secret key is not the one that wrote this log")
-        return Verdict(self.rows, self.unkeyed, tuple(self.problems), self.broken)
+        return Verdict(self.rows, self.unkeyed, tuple(self.problems), self.broken,
+                       cut.pruned if cut else 0, cut.last_id if cut else None)
+
+    def _pruned(self, head: Head) -> bool:
+        """The head names a row a prune removed (it was read before the prune committed)."""
+        cut = self.checkpoint
+        return cut is not None and (head.id < cut.last_id or (head.id == cut.last_id and head.value == cut.last_value))
 
 
 def format_row(row: AuditRow) -> str:

@@ -39,6 +39,20 @@ def _text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def _day(value: str):
+    """A past moment: YYYY-MM-DD (midnight, Beijing time) or an ISO time (Beijing time without an offset)."""
+    from datetime import datetime
+    from .cron import TZ
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD) or ISO time: {_text(value)[:40]!r}") from None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=TZ)
+    if moment > datetime.now(TZ):
+        raise argparse.ArgumentTypeError(f"{moment.isoformat()} is in the future")
+    return moment
+
+
 def _count(value: str) -> int:
     """A whole number from 0 to CLI_NUMBER_MAX (a --limit, a task id)."""
     try:
@@ -104,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
+    audit.add_argument("--prune-before", type=_day, metavar="DATE",
+                       help="remove the rows older than DATE (YYYY-MM-DD, Beijing time, or an ISO time), "
+                            "keeping a keyed checkpoint; only a log that verifies is pruned")
     return parser
 
 
@@ -123,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "outbox":
             return asyncio.run(cmd_outbox(config, args.all))
         if args.command == "audit":
+            if args.prune_before is not None:
+                return asyncio.run(cmd_audit_prune(config, args.prune_before))
             return asyncio.run(cmd_audit(config, args.limit, args.verify))
         if args.command == "tasks":
             return asyncio.run(cmd_tasks(config, args))
@@ -197,28 +216,34 @@ def cmd_skills(config, args) -> int:
         spec = {"name": skill.name, "title": skill.title, "description": skill.description,
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
                 "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
-                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin}
+                "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin,
+                "sandbox": _sandbox_of(skill)}
         if skill.mcp is not None:
             spec.update(server=skill.mcp.server, tool=skill.mcp.tool, server_schema=skill.mcp.schema)
             del spec["execute"]
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
     rows = [{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
-             "overrides": s.overrides, "description": s.description,
+             "overrides": s.overrides, "description": s.description, "sandbox": _sandbox_of(s),
              **({"server": s.mcp.server} if s.mcp is not None else {})} for s in reg]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
     else:
-        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  MCP SERVER")
+        print(f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  {'MCP SERVER':<12}  SANDBOX")
         for r in rows:
             print(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  "
-                  f"{'yes' if r['overrides'] else '':<9}  {r.get('server', '')}".rstrip())
+                  f"{'yes' if r['overrides'] else '':<9}  {r.get('server', ''):<12}  {r['sandbox']}")
     listed = {s.mcp.server for s in reg if s.mcp is not None}
     for name in sorted(set(reg.servers) - listed):
         print(f"mcp server {name}: tools not listed yet (run `ias skills check`)", file=sys.stderr)
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
+
+
+def _sandbox_of(skill) -> str:
+    """What `skills` says of a skill's sandbox: its `## Sandbox` (`default`, `network`, …, `unconfined`)."""
+    return "in-process" if skill.builtin else skill.sandbox.describe()
 
 
 def _over_one_request(config, reg) -> str | None:
@@ -322,6 +347,24 @@ async def cmd_audit(config, limit: int, verify: bool) -> int:
     return 0
 
 
+async def cmd_audit_prune(config, before) -> int:
+    from .app import open_store
+    from .audit import prune
+    async with open_store(config) as store:
+        verdict, pruned = await prune(store, before)
+    for line in verdict.problems:
+        print(line)
+    if not verdict.intact:
+        print(f"{verdict.summary()}; nothing pruned", file=sys.stderr)
+        return 1
+    if pruned is None:
+        print(f"audit log: no row older than {before.isoformat()}; nothing pruned")
+    else:
+        print(f"audit log: {pruned.count} rows older than {before.isoformat()} removed (up to row {pruned.last_id}); "
+              f"a keyed checkpoint keeps the rest verifiable ({pruned.total} rows pruned in all)")
+    return 0
+
+
 async def cmd_doctor(config) -> int:
     """One line per check; exit 1 when any check fails."""
     from .app import open_llm, open_store
@@ -340,7 +383,16 @@ async def cmd_doctor(config) -> int:
         line(True, "secret key", f"{config.key_file} (0600)")
     except IasError as exc:
         line(False, "secret key", str(exc))
+    from .sandbox import for_config
+    level = for_config(config).level()
+    line(level.full or (None if config.sandbox_allow_partial else False), "sandbox",
+         str(level) + ("" if level.full else f" ({level.missing})" if level.name == "none" else "")
+         + ("; user skills and MCP servers load anyway ([sandbox] allow_partial)" if not level.full and
+            config.sandbox_allow_partial else ""))
     reg = registry(config)
+    unconfined = sorted(s.name for s in reg if s.sandbox.unconfined)
+    if unconfined:
+        line(None, "unconfined", f"run outside the sandbox, each call approved by code: {', '.join(unconfined)}")
     line(not reg.problems, "skills", f"{len(reg)} loaded, {len(reg.problems)} not loaded"
          + "".join(f"\n      {p}" for p in reg.problems))
     too_many = _over_one_request(config, reg)
@@ -350,6 +402,7 @@ async def cmd_doctor(config) -> int:
         bad = [p for p in problems if not p.endswith("(warning)")]
         line(False if bad else True if tools else None, f"mcp server {spec.name}",
              "; ".join(bad) if bad else f"{len(tools)} tools: {', '.join(tools) or '-'}")
+    line(*_disk_line(config.data_dir))
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
@@ -377,6 +430,20 @@ async def cmd_doctor(config) -> int:
             except Exception as exc:              # any endpoint failure is a finding, not a crash
                 line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
     return 1 if failed else 0
+
+
+def _disk_line(data_dir, statvfs=os.statvfs) -> tuple[bool | None, str, str]:
+    """doctor's look at the free space under the data directory: a warning below 5 %."""
+    from .limits import DISK_LOW_SHARE
+    from .monitor import disk_space
+    try:
+        share, free, total = disk_space(data_dir, statvfs)
+    except OSError as exc:
+        return None, "disk", f"cannot check the free space under {data_dir}: {exc}"
+    detail = f"{share:.1%} free under {data_dir} ({free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB)"
+    if share < DISK_LOW_SHARE:
+        return None, "disk", f"{detail}: below {DISK_LOW_SHARE:.0%}, the database stops when the disk is full"
+    return True, "disk", detail
 
 
 def run() -> None:

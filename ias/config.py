@@ -39,6 +39,7 @@ _SETTINGS = {
     "wechat_budget": ("IAS_WECHAT_BUDGET", (int, 2, 100)),
     "outbox_expire": ("IAS_OUTBOX_EXPIRE", (float, 60, 90 * 86400)),
     "fallback_after": ("IAS_FALLBACK_AFTER", (float, 0, 7 * 86400)),
+    "retention_days": ("IAS_RETENTION_DAYS", (int, 1, 36500)),
     "notify_email": ("IAS_NOTIFY_EMAIL", str),
     "notify_wecom_url": ("IAS_NOTIFY_WECOM_URL", str),
     "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
@@ -69,6 +70,7 @@ class Config:
     wechat_budget: int = 8                  # bot messages per owner message, the last being "reply to continue"
     outbox_expire: float = 259200.0         # seconds a queued message may wait before it expires
     fallback_after: float = 600.0           # seconds past its due time before a reminder/task result goes to the fallback
+    retention_days: int = 180               # history, settled outbox rows and task runs older than this are pruned daily
     notify_email: str | None = None
     notify_wecom_url: str | None = None
     notify_webhook_url: str | None = None
@@ -82,6 +84,8 @@ class Config:
     max_tools: int = MAX_TOOLS_DEFAULT
     tools_bytes: int = TOOLS_BYTES_DEFAULT
     repo_root: Path = REPO_ROOT
+    sandbox_user: str | None = None         # [sandbox] user: whom skills run as when iAs is root (default nobody)
+    sandbox_allow_partial: bool = False     # [sandbox] allow_partial: user skills load below the full level
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +145,20 @@ def _utf8(name: str, value: str) -> str:
     return value
 
 
+def _sandbox_table(file: Path, table) -> dict:
+    """`[sandbox]`: `user` (a user name) and `allow_partial` (a boolean), as Config fields."""
+    if not isinstance(table, dict) or set(table) - {"user", "allow_partial"}:
+        raise ConfigError(f"{file}: [sandbox] accepts only user = \"NAME\" and allow_partial = true|false")
+    out = {}
+    if "user" in table:
+        out["sandbox_user"] = _convert(f"{file}: [sandbox] user", table["user"], str)
+    if "allow_partial" in table:
+        if not isinstance(table["allow_partial"], bool):
+            raise ConfigError(f"{file}: [sandbox] allow_partial must be true or false")
+        out["sandbox_allow_partial"] = table["allow_partial"]
+    return out
+
+
 def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Read ias.toml (path, else $IAS_CONFIG, else ./ias.toml if present) and apply the environment."""
     env = dict(os.environ if environ is None else environ)
@@ -161,6 +179,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
 
     values: dict = {}
     skills_table = data.pop("skills", {})
+    sandbox = _sandbox_table(file, data.pop("sandbox", {}))
     for key, value in data.items():
         if key in _SECRETS:
             raise ConfigError(f"{file}: '{key}' is a secret; set {_SECRETS[key]} in the environment instead")
@@ -183,7 +202,8 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
         if key in values:
             values[key] = absolute(values[key])
     smtp, imap = (mail_server(prefix, env) for prefix in ("IAS_SMTP", "IAS_IMAP"))
-    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env)
+    config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env,
+                    **sandbox)
     if config.notify_webhook_body is not None:
         try:
             body = json.loads(config.notify_webhook_body)

@@ -6,8 +6,10 @@ when the audit row cannot be written, nothing runs.
 
 Once a skill has started, its end is always recorded: the `skill_finished` row and an approved
 call's result are written by a task of their own, which neither a cancelled turn nor a
-shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them, the owner
-is told that the call ran. `skill_started` and `skill_finished` carry the same `detail`, a call
+shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them (the
+database is down), the owner is told that the call ran, and they are kept in memory and written
+when the database is back (a daemon that stops first keeps them in a file for its next start),
+so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
 """
@@ -29,6 +31,7 @@ from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .runner import Runner, RunResult, alive, identity
 from .registry import Registry
 from .store import AuditEntry, Store
+from .unwritten import End, Unwritten
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class Gate:
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
         self._finishing: set[asyncio.Task] = set()
+        self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
                    turn: TurnBudget | None = None) -> dict:
@@ -147,23 +151,18 @@ class Gate:
         entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
                            approval_id=approval_id, detail=tag, duration_ms=int((time.monotonic() - started) * 1000),
                            **ended)
-        saved = True
-        try:
-            await self.store.audit(entry)
-        except StoreError as exc:
-            log.error("skill %s ran but its skill_finished row was not written: %s", skill.name, exc)
-            saved = False
-        if approval_id is not None:
+        end = End(entry, approval_id, llm if approval_id is not None else None)
+        if await end.write(self.store):
+            return
+        if approval_id is not None and notify is not None:
             try:
-                await self.store.record_result(approval_id, llm)
-            except StoreError as exc:
-                log.error("approval %s: skill %s ran but its result was not saved: %s", approval_id, skill.name, exc)
-                saved = False
-            if not saved and notify is not None:
-                try:
-                    await notify(NOT_SAVED.format(name=skill.name))
-                except Exception:
-                    log.exception("approval %s: telling the owner that the result was not saved failed", approval_id)
+                await notify(NOT_SAVED.format(name=skill.name))
+            except Exception:
+                log.exception("approval %s: telling the owner that the result was not saved failed", approval_id)
+        # Kept and written when the database is back (see unwritten.py); shutdown waits for it (`drain`).
+        keeper = asyncio.ensure_future(self.unwritten.keep(end))
+        self._finishing.add(keeper)
+        keeper.add_done_callback(self._finishing.discard)
 
     async def drain(self, timeout: float) -> bool:
         """Shutdown: wait up to `timeout` s until every started run has recorded its end; whether all did."""
@@ -205,7 +204,7 @@ class Gate:
 
 # -- the end of a run: what the owner hears when it was not saved, and the tag matching its audit rows --
 
-NOT_SAVED = "操作已执行，但结果未能保存：{name}"
+NOT_SAVED = "操作已执行，但结果暂未能保存（数据库恢复后补记）：{name}"
 _CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
 
 

@@ -10,9 +10,11 @@ OUTPUT_HELD_MAX = 1024 * 1024       # bytes of output ever held; past that the g
 STDERR_HELD_MAX = 64 * 1024         # bytes of stderr kept (the tail)
 ERROR_TAIL = 2000                   # characters of stderr/stdout tail in an error result
 KILL_POLL = 0.05                    # seconds between checks that a terminated group is gone
+LEFTOVER_POLL = 0.002               # seconds between checks that a sandbox's pid namespace is gone after its script
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
 SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
+SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and /tmp each (tmpfs: memory, used only as filled)
 
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing
@@ -61,7 +63,10 @@ STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the v
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
 DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
-DB_RETRY_MAX = 8.0                  # seconds between reconnect attempts at most
+DB_RETRY_MAX = 1.0                  # seconds between reconnect attempts at most (a restarted server is used within it)
+DISK_LOW_SHARE = 0.05               # free share of the data directory's file system below which the owner is warned
+DISK_CHECK_INTERVAL = 300.0         # seconds between the daemon's looks at that free space
+DB_RESTART_MAX = 8.0                # seconds between starts of the embedded server at most (doubled from DB_RETRY_FIRST)
 
 # Scheduler
 SCHEDULER_MAX_SLEEP = 30.0          # seconds; re-check at least this often (forward clock jumps, lost NOTIFY)
@@ -102,6 +107,11 @@ INBOUND_REPLAYS_MAX = 3             # starts that handle a pending message again
 OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)
 OUTBOX_RETRY_FIRST = 30.0           # seconds before retrying a part after a transient error; doubled per attempt
 OUTBOX_RETRY_MAX = 1800.0           # seconds between retries at most
+OUTBOX_UNKNOWN_WAIT = 600.0         # seconds before a part whose send got no answer (timeout, or a stop mid-send) is sent
+                                    # again under its client_id: far past anything the service may still complete
+OUTBOX_SEND_GRACE = 5.0             # seconds a stop waits for a send in flight to be answered and recorded
+OUTBOX_PARTS_MAX = 20               # parts of one message; the rest is cut, with a note
+OUTBOX_ANSWER_HOLD = 300.0          # seconds queued parts wait for the answer to the owner's latest message at most
 KEEPER_LEAD = 3 * 3600.0            # seconds before the window closes that the keeper asks the owner to write
 NOTIFY_TIMEOUT = 15.0               # seconds per fallback request (HTTP or SMTP)
 NOTIFY_ATTEMPTS = 3                 # tries per fallback notifier before the failure is recorded
@@ -112,6 +122,10 @@ NOTIFY_TEXT_MAX = 4000              # characters of one fallback message
 CLUSTER_START_TIMEOUT = 60          # seconds pg_ctl waits for the server to start or stop
 CLUSTER_STALE_WAIT = 10.0           # seconds a start is retried while a killed server's backends still exit
 CLUSTER_RETRY_PAUSE = 0.2           # seconds between those attempts
+CLUSTER_HANDOVER = 1.0              # seconds after such a server exits for a restart to start the next one
+CLUSTER_POLL = 0.05                 # seconds between looks at a server someone else is starting or stopping
+CLUSTER_MAX_WAL = "256MB"           # max_wal_size: WAL kept between checkpoints (SPEC: at most 256 MB)
+CLUSTER_MIN_WAL = "32MB"            # min_wal_size: WAL recycled in advance
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
 # MCP servers (ias/mcp.py)

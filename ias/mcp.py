@@ -332,7 +332,8 @@ class Servers:
                 raise McpError(f"mcp server {name} is not running (stopping)")
             spec = self.registry.servers[name]
             try:
-                server = await self.runner.start_server(name, spec.command, spec.directory, spec.env, MCP_LINE_MAX)
+                server = await self.runner.start_server(name, spec.command, spec.directory, spec.env, MCP_LINE_MAX,
+                                                         spec.sandbox)
             except OSError as exc:
                 self.errors[name] = f"cannot start {spec.command[0]!r}: {exc.strerror or exc}"
                 raise McpError(f"mcp server {name}: {self.errors[name]}") from None

@@ -182,6 +182,48 @@ DROP FUNCTION audit_chain();
 DROP FUNCTION audit_digest(audit_log);
 """
 
+# Version 4: retention. The calls in flight (a skill_started row without its end), kept beside
+# the log by a trigger on every insert, so a daemon start finds them without scanning the log;
+# and the keyed checkpoint `ias audit --prune-before` leaves where it cut the log (one row:
+# the last removed row's id and value, sealed with the chain key, see auditchain.py). The calls
+# in flight are found with one pass over the log (grouped by call tag, whatever the plan).
+_RETENTION = """
+CREATE TABLE calls_in_flight (
+    call     text PRIMARY KEY,
+    audit_id bigint NOT NULL
+);
+INSERT INTO calls_in_flight (call, audit_id)
+    SELECT detail, min(id) FROM audit_log
+    WHERE event IN ('skill_started', 'skill_finished', 'skill_interrupted') AND detail LIKE 'call=%'
+    GROUP BY detail HAVING bool_and(event = 'skill_started');
+CREATE FUNCTION audit_calls_in_flight() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.detail LIKE 'call=%' THEN
+        IF NEW.event = 'skill_started' THEN
+            INSERT INTO calls_in_flight (call, audit_id) VALUES (NEW.detail, NEW.id) ON CONFLICT DO NOTHING;
+        ELSIF NEW.event IN ('skill_finished', 'skill_interrupted') THEN
+            DELETE FROM calls_in_flight WHERE call = NEW.detail;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER audit_log_calls AFTER INSERT ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_calls_in_flight();
+
+CREATE TABLE audit_checkpoint (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    last_id    bigint NOT NULL,
+    last_value text NOT NULL,
+    pruned     bigint NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    seal       text NOT NULL
+);
+
+CREATE INDEX messages_at ON messages (at);
+CREATE INDEX outbox_done ON outbox (done_at) WHERE state <> 'queued';
+CREATE INDEX task_runs_finished ON task_runs (finished_at) WHERE finished_at IS NOT NULL;
+"""
+
 # Version 5: every inbound message, recorded on arrival and marked done once its outcome is stored,
 # so a restart, a SIGTERM or a database outage mid-turn leaves it pending, replayed at the next start.
 # (A message id still goes into seen_messages, which keeps judging redeliveries.)
@@ -198,9 +240,10 @@ CREATE TABLE inbound (
     replays     integer NOT NULL DEFAULT 0
 );
 CREATE INDEX inbound_pending ON inbound (id) WHERE state = 'pending';
+CREATE INDEX inbound_done ON inbound (done_at) WHERE state = 'done';
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _INBOUND)
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

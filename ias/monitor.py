@@ -3,8 +3,10 @@
 Nothing polls: whoever meets a StoreError calls `suspect()` — the scheduler's LISTEN
 connection sees EOF the moment the server goes away, a turn meets it on its next statement.
 The monitor then checks with a fresh connection; if that fails too, the database is
-*unavailable*: it retries with exponential backoff, restarting the embedded server first on
-every attempt when the database is iAs's own (`Cluster.start()` is idempotent). Reachable
+*unavailable*: it tries a connection at least every DB_RETRY_MAX seconds (a restarted server is
+used again within that), and, when the database is iAs's own, starts the embedded server with an
+exponential backoff of its own (`Cluster.start()` is idempotent, and waits for a server that
+someone else is starting or restarting rather than fighting it). Reachable
 again: `available` is set and waiters resume. Still unreachable after DB_LOST_LIMIT seconds:
 one log line and `on_gone`, which makes the daemon exit non-zero so that systemd's
 Restart=on-failure acts — never a daemon that only apologises.
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Awaitable, Callable
 
 from .errors import IasError, StoreError
-from .limits import DB_LOST_LIMIT, DB_RETRY_FIRST, DB_RETRY_MAX
+from .limits import DISK_CHECK_INTERVAL, DISK_LOW_SHARE, DB_LOST_LIMIT, DB_RESTART_MAX, DB_RETRY_FIRST, DB_RETRY_MAX
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -31,13 +35,14 @@ class DatabaseMonitor:
 
     def __init__(self, store: Store, on_gone: Callable[[str], None], *, restart: Callable[[], object] | None = None,
                  limit: float = DB_LOST_LIMIT, first_delay: float = DB_RETRY_FIRST, max_delay: float = DB_RETRY_MAX,
-                 clock: Callable[[], float] = time.monotonic):
+                 restart_delay: float = DB_RESTART_MAX, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.on_gone = on_gone
         self.restart = restart          # blocking (runs pg_ctl): called in a thread
         self.limit = limit
         self.first_delay = first_delay
         self.max_delay = max_delay
+        self.restart_delay = restart_delay
         self.clock = clock
         self._suspect = asyncio.Event()
         self._available = asyncio.Event()
@@ -94,14 +99,19 @@ class DatabaseMonitor:
             self._checked.set()
 
     async def _reconnect(self, lost_at: float) -> Exception | None:
-        """Retry with backoff until connected (None) or past the limit (the last error)."""
-        delay = self.first_delay
+        """Retry until connected (None) or past the limit (the last error): connection attempts at most
+        `max_delay` apart (a server back up is used within that), restarts of the embedded server with a
+        backoff of their own up to `restart_delay` (a server that cannot start is not hammered)."""
+        delay = restart_delay = self.first_delay
+        restart_at = lost_at
         while True:
-            if self.restart is not None:
+            if self.restart is not None and self.clock() >= restart_at:
                 try:
-                    await asyncio.to_thread(self.restart)
+                    await asyncio.to_thread(self.restart)     # waits for a server someone else is (re)starting
                 except IasError as exc:
                     log.debug("restarting the embedded PostgreSQL failed: %s", exc)
+                restart_at = self.clock() + restart_delay
+                restart_delay = min(restart_delay * 2, self.restart_delay)
             try:
                 await self.store.reconnect()
                 return None
@@ -112,3 +122,72 @@ class DatabaseMonitor:
                 return last
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.max_delay)
+
+
+# -- free space under the data directory (SPEC §15 "Disk") --
+
+LOW_DISK = "磁盘空间不足：数据目录所在分区仅剩 {share}（可用 {free}，共 {total}；{path}）。空间用尽时数据库会停止，请尽快清理。"
+
+
+def disk_space(path: Path, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> tuple[float, int, int]:
+    """(free share, free bytes, total bytes) of the file system holding `path` (or its nearest existing
+    parent), as an unprivileged user sees it (f_bavail: root's reserve does not count)."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = statvfs(str(path))
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return (free / total if total else 1.0), free, total
+
+
+def low_disk(path: Path, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> str | None:
+    """The owner's warning when less than DISK_LOW_SHARE of the space under `path` is free, else None."""
+    share, free, total = disk_space(path, statvfs)
+    if share >= DISK_LOW_SHARE:
+        return None
+    return LOW_DISK.format(share=f"{share:.1%}", free=_size(free), total=_size(total), path=Path(path).resolve())
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 2 ** 30), ("MB", 2 ** 20)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count / 2 ** 10:.0f} KB"
+
+
+class DiskWatch:
+    """The daemon's periodic look at free space under the data directory: the owner is told once when it
+    falls below DISK_LOW_SHARE (again only after it has recovered and fallen again). A warning that cannot
+    be queued (the database is down: a full disk stops it) is tried again at the next check."""
+
+    def __init__(self, path: Path, tell: Callable[[str], Awaitable[object]], *,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs, interval: float = DISK_CHECK_INTERVAL):
+        self.path = path
+        self.tell = tell
+        self.statvfs = statvfs
+        self.interval = interval
+        self.told = False
+
+    async def check(self) -> None:
+        try:
+            warning = low_disk(self.path, self.statvfs)
+        except OSError as exc:
+            log.warning("cannot check the free space under %s: %s", self.path, exc)
+            return
+        if warning is None:
+            self.told = False
+            return
+        if self.told:
+            return
+        log.warning("low disk space under %s: %s", self.path, warning)
+        try:
+            await self.tell(warning)
+        except StoreError as exc:
+            log.warning("the low disk warning is not queued yet (%s); trying again at the next check", exc)
+            return
+        self.told = True
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.interval)

@@ -1,10 +1,15 @@
 """The outbox: every message to the owner is written to PostgreSQL first, then delivered.
 
-A message is split into parts (the channel's `text_max`), each a row with the `client_id` it is
-always sent with, so a part is never sent twice across restarts. Parts go out oldest first
-within what the channel can take now (`Channel.room`: WeChat's window and per-message budget):
-- budget spent: the last allowed message is the channel's note ("reply to continue"); the
-  rest waits and goes out when the owner writes (a bare `继续` then only continues);
+A message is split into parts (the channel's `text_max`; at most OUTBOX_PARTS_MAX, the rest cut with
+a note), each a row with the `client_id` it is always sent with, so a part is never sent twice
+across restarts. Replies first: once the owner writes, what waits is held (OUTBOX_ANSWER_HOLD at
+most) until the answer to their message is queued; that answer (and, on `继续`, what is left of it)
+goes out first, then the rest oldest first, within what the channel can take now (`Channel.room`:
+WeChat's window and per-message budget):
+- budget spent: the last allowed message is the channel's note ("reply to continue") while the
+  answer is not out, else the summary `还有 N 条消息待发送，回复「继续」查看`; a backlog that does not
+  fit behind an answer is not started, only summarised; the rest waits and goes out when the owner
+  writes (a bare `继续` then only continues);
 - window shut or `ret=-2`: waits until the owner writes;
 - a transient error: retried with backoff (OUTBOX_RETRY_FIRST, doubled, at most OUTBOX_RETRY_MAX);
 - a reminder or task result still queued `fallback_after` past its due time goes to the
@@ -18,15 +23,21 @@ it in memory until the owner writes (the fallback notifiers get a notice without
 The window keeper (`tick`) spends one message per window asking the owner to write when a
 task is due after the window would close.
 
-A crash between a part's request and its `sent` mark: a WeChat part is sent again after the
-restart under the same client_id (which the service may use to drop the repeat); what was
-queued for the console (a terminal session that is gone) is dropped at start.
+A send and its mark are not split by a stop: the request and its record run in a task of their
+own that cancellation does not interrupt; the canceller waits for it (OUTBOX_SEND_GRACE at most).
+Before each request the part is marked "in doubt" until OUTBOX_UNKNOWN_WAIT from now, and a
+request that got no answer in time (`UNKNOWN`: the service may still complete it) stays so: it is
+not sent again before that wait is over, then once more under the same client_id (the parts behind
+it go on meanwhile). Chosen over "never again", which would lose a part the service never took;
+a kill -9 or a stop past the grace mid-send likewise waits, then repeats the part once under its
+client_id. What was queued for the console (a terminal session that is gone) is dropped at start.
 Not handled: one message over several channels (each row has one channel).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import unicodedata
 import uuid
 from dataclasses import dataclass
@@ -35,7 +46,7 @@ from itertools import groupby
 from typing import Awaitable, Callable
 
 from . import limits
-from .channels.base import SENT, SHUT, Channel
+from .channels.base import SENT, SHUT, UNKNOWN, Channel
 from .cron import TZ
 from .errors import StoreError
 from .notifiers import Fallback
@@ -49,6 +60,9 @@ EXPIRED_NOTICE = "有 {count} 条消息等待超过 {span}仍未能送达，已�
 KEEPER_ASK = "{when} 有{what}「{name}」：回复任意内容，微信才允许我按时发送。"
 TITLES = {"reminder": "iAs 提醒", "task": "iAs 定时任务", "notice": "iAs 通知", "reply": "iAs 回复"}
 FALLBACK_KINDS = ("reminder", "task")
+BACKLOG_NOTE = "还有 {count} 条消息待发送，回复「继续」查看"
+CUT_NOTE = "（内容过长，其余 {count} 字未发送）"
+IN_DOUBT = "in doubt: sent without an answer"       # the reason of a part whose request may have landed
 
 
 def utcnow() -> datetime:
@@ -75,6 +89,18 @@ def split_text(text: str, limit: int | None = limits.WECHAT_TEXT_MAX) -> list[st
     if rest.strip():
         parts.append(rest)
     return parts
+
+
+def capped(parts: list[str], most: int = limits.OUTBOX_PARTS_MAX) -> list[str]:
+    """At most `most` parts: past that, the first `most - 1` and a note saying how much was cut."""
+    if len(parts) <= most:
+        return parts
+    return parts[:most - 1] + [CUT_NOTE.format(count=sum(len(part) for part in parts[most - 1:]))]
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before the next try of a part (or a fallback) that failed `attempts` times before."""
+    return min(limits.OUTBOX_RETRY_MAX, limits.OUTBOX_RETRY_FIRST * 2 ** min(attempts, 16))
 
 
 def span(seconds: float) -> str:
@@ -114,7 +140,8 @@ class Outbox:
 
     def __init__(self, store: Store, channels: dict[str, Channel], primary: str, fallback: Fallback | None = None, *,
                  now: Callable[[], datetime] = utcnow, expire: float = 259200.0, fallback_after: float = 600.0,
-                 tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None):
+                 tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.channels = channels
         self.primary = primary
@@ -126,44 +153,66 @@ class Outbox:
         self.on_store_error = on_store_error
         self._locks: dict[str, asyncio.Lock] = {}
         self._held: dict[str, _Held] = {}
+        self.monotonic = monotonic
+        self._awaiting: dict[str, tuple[int, float]] = {}   # user -> (answers awaited, held until: monotonic)
+        self._answer: dict[str, set[int]] = {}      # user -> the parts of the answer to their latest message
         self.keeper_asks = 0
 
     # -- queueing and delivering ------------------------------------------------------------
     async def send(self, user_id: str, text: str, channel: str | None = None, kind: str = "reply", *,
-                   due: datetime | None = None, run_id: int | None = None) -> str:
-        """Queue `text` for the owner, then deliver what can go now: 'delivered', 'queued' or 'empty'."""
+                   due: datetime | None = None, run_id: int | None = None, inbound_id: int | None = None) -> str:
+        """Queue `text` for the owner, then deliver what can go now: 'delivered', 'queued' or 'empty'.
+        A 'reply' is the answer to the owner's latest message: it goes before everything that waits.
+        `inbound_id`: the message it answers, marked handled in the same transaction as the queueing."""
         name = channel or self.primary
         target = self.channels.get(name)
-        parts = split_text(text, target.text_max if target is not None else None)
+        parts = capped(split_text(text, target.text_max if target is not None else None))
         if not parts:
             return "empty"
         now = self.now()
         message = f"ias-{uuid.uuid4().hex}"
         rows = await self.store.enqueue(user_id, name, kind, [(part, f"{message}.{i}") for i, part in
-                                                               enumerate(parts, 1)], now, due or now, run_id)
-        sent = await self.flush(user_id)
+                                                               enumerate(parts, 1)], now, due or now, run_id,
+                                       inbound_id)
+        sent = await self.flush(user_id, rows if kind == "reply" else None)
         return "delivered" if all(row.id in sent for row in rows) else "queued"
 
     def _lock(self, user_id: str) -> asyncio.Lock:
         return self._locks.setdefault(user_id, asyncio.Lock())
 
-    async def flush(self, user_id: str) -> set[int]:
-        """Deliver the user's queued parts, oldest first, within what each channel takes now; the ids sent."""
+    async def flush(self, user_id: str, answer: list[OutboxRow] | None = None) -> set[int]:
+        """Deliver the user's queued parts within what each channel takes now: the answer to their latest
+        message first (`answer`, when it was just queued), then the rest oldest first; the ids sent.
+        While the owner waits for an answer (they wrote; OUTBOX_ANSWER_HOLD at most), only answers go."""
         sent: set[int] = set()
         async with self._lock(user_id):
+            awaited, until = self._awaiting.pop(user_id, (0, 0.0))
+            if answer is not None:
+                awaited -= 1
+                self._answer[user_id] = {row.id for row in answer}
+            if awaited > 0 and until > self.monotonic():
+                self._awaiting[user_id] = (awaited, until)
+            else:
+                awaited = 0
+            first = self._answer.get(user_id, set())
             rows = await self.store.queued(user_id)
-            for name, group in groupby(sorted(rows, key=lambda r: (r.channel, r.id)), key=lambda r: r.channel):
-                await self._flush_channel(user_id, name, list(group), sent)
+            if awaited:
+                rows = [row for row in rows if row.id in first]     # another answer is still to come
+            order = sorted(rows, key=lambda r: (r.channel, r.id not in first, r.id))
+            for name, group in groupby(order, key=lambda r: r.channel):
+                await self._flush_channel(user_id, name, list(group), sent, first)
         return sent
 
-    async def _flush_channel(self, user_id: str, name: str, rows: list[OutboxRow], sent: set[int]) -> None:
+    async def _flush_channel(self, user_id: str, name: str, rows: list[OutboxRow], sent: set[int],
+                             first: set[int]) -> None:
         channel = self.channels.get(name)
         if channel is None:
             await self.store.note_waiting([r.id for r in rows], f"channel {name} not running")
             return
         now = self.now()
-        if rows[0].next_try_at is not None and rows[0].next_try_at > now:
-            return                              # the oldest waits for its retry; the rest keep their order
+        rows = [r for r in rows if not (r.reason == IN_DOUBT and r.next_try_at is not None and r.next_try_at > now)]
+        if not rows:
+            return                              # what may have landed waits for its second try
         if self.fallback and not channel.can_confirm():
             rows = await self._unread(rows)     # nobody reads this channel (a console without a terminal)
             if not rows:
@@ -171,31 +220,63 @@ class Outbox:
         room, why = await channel.room(user_id)
         if room is None or room > 0:
             rows = rows + await self._expired_notice(user_id, name, now)
+        answered = False
         for i, row in enumerate(rows):
             rest = [r.id for r in rows[i:]]
+            if row.next_try_at is not None and row.next_try_at > now:
+                return                          # it waits for its retry; the rest keep their order
             if room is not None:
                 note = getattr(channel, "budget_note", None)
                 if room <= 0:
                     await self.store.note_waiting(rest, why or "budget")
                     return
-                if room == 1 and len(rest) > 1 and note:
-                    outcome = await channel.post(user_id, note, f"ias-{uuid.uuid4().hex}")
-                    await self.store.note_waiting(rest, "budget" if outcome == SENT else "window")
+                backlog = row.id not in first
+                if note and len(rest) > room and (room == 1 or backlog and answered):
+                    # the answer not out yet: "reply to continue"; else the backlog in one line
+                    text = BACKLOG_NOTE.format(count=len(rest)) if backlog else note
+                    outcome = await channel.post(user_id, text, f"ias-{uuid.uuid4().hex}")
+                    await self.store.note_waiting(rest, "budget" if outcome in (SENT, UNKNOWN) else "window")
                     log.info("outbox: %d parts for %s wait for their reply (send budget)", len(rest), user_id)
                     return
-            outcome = await channel.post(user_id, row.text, row.client_id)
-            if outcome == SENT:
-                await self.store.settle([row.id], "sent", self.now())
-                sent.add(row.id)
+            outcome = await self._deliver(channel, row)
+            if outcome in (SENT, UNKNOWN):
+                if outcome == SENT:
+                    sent.add(row.id)
+                answered = answered or row.id in first
                 room = None if room is None else room - 1
-            elif outcome == SHUT:
-                await self.store.note_waiting(rest, "window")
-                return
             else:
-                delay = min(limits.OUTBOX_RETRY_MAX, limits.OUTBOX_RETRY_FIRST * 2 ** min(row.attempts, 16))
-                await self.store.note_failure(row.id, "send failed", now + timedelta(seconds=delay))
-                await self.store.note_waiting(rest[1:], "behind a failed part")
+                await self.store.note_waiting(rest[1:], "window" if outcome == SHUT else "behind a failed part")
                 return
+
+    async def _deliver(self, channel: Channel, row: OutboxRow) -> str:
+        """Send one part and record the outcome, in a task of its own that a stop does not split: a
+        cancelled caller waits for it (OUTBOX_SEND_GRACE at most) before it ends."""
+        task = asyncio.ensure_future(self._post(channel, row))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            done, _ = await asyncio.wait([task], timeout=limits.OUTBOX_SEND_GRACE)
+            if not done:
+                log.warning("outbox: stopping with part %s still being sent; it is in doubt (tried again in %gs)",
+                            row.client_id, limits.OUTBOX_UNKNOWN_WAIT)
+            raise
+
+    async def _post(self, channel: Channel, row: OutboxRow) -> str:
+        """The request for one part, marked in doubt first (until OUTBOX_UNKNOWN_WAIT from now: a process
+        that dies before the answer is recorded does not send it again sooner), then its outcome."""
+        now = self.now()
+        await self.store.note_failure(row.id, IN_DOUBT, now + timedelta(seconds=limits.OUTBOX_UNKNOWN_WAIT))
+        outcome = await channel.post(row.user_id, row.text, row.client_id)
+        if outcome == SENT:
+            await self.store.settle([row.id], "sent", self.now())
+        elif outcome == SHUT:
+            await self.store.note_retry(row.id, "window", None)
+        elif outcome == UNKNOWN:
+            log.warning("outbox: part %s got no answer; not sent again before %gs have passed", row.client_id,
+                        limits.OUTBOX_UNKNOWN_WAIT)
+        else:
+            await self.store.note_retry(row.id, "send failed", now + timedelta(seconds=retry_delay(row.attempts)))
+        return outcome
 
     async def _unread(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         """Reminders and task results for a channel nobody reads go to the fallback at once (and are still
@@ -240,9 +321,13 @@ class Outbox:
                 log.info("outbox: the held confirmation message went out to %s", user_id)
                 consumed = True
         waiting = any(row.reason == "budget" for row in await self.store.queued(user_id))
-        await self.flush(user_id)
         word = unicodedata.normalize("NFKC", text).strip().lower().rstrip("。.!！")
-        return consumed or (waiting and word in CONTINUE_WORDS)
+        if consumed or (waiting and word in CONTINUE_WORDS):
+            await self.flush(user_id)
+            return True
+        awaited, _ = self._awaiting.get(user_id, (0, 0.0))      # its answer goes first
+        self._awaiting[user_id] = (awaited + 1, self.monotonic() + limits.OUTBOX_ANSWER_HOLD)
+        return False
 
     # -- confirmation messages ---------------------------------------------------------------------
     async def urgent(self, user_id: str, channel: str, text: str, name: str, timeout: float) -> bool | asyncio.Event:
@@ -301,8 +386,7 @@ class Outbox:
                 await self.store.settle(ids, "fallback", self.now(), "fallback")
                 done.update(ids)
                 continue
-            attempts = max(row.attempts for row in parts)
-            delay = min(limits.OUTBOX_RETRY_MAX, limits.OUTBOX_RETRY_FIRST * 2 ** min(attempts, 16))
+            delay = retry_delay(max(row.attempts for row in parts))
             reason = f"fallback failed: {self.fallback.last_error}"[:500]
             for row_id in ids:
                 await self.store.note_failure(row_id, reason, now + timedelta(seconds=delay))

@@ -16,7 +16,12 @@ A process that is done drops its share and, under the start lock, tries to take 
 exclusively: only when that succeeds is nobody else using the server, and it is stopped. A
 killed process (kill -9 included) drops its share with its descriptors, so it never keeps the
 server up for good — but a server whose last user was killed keeps running until the next user
-exits. Not handled: upgrades between PostgreSQL major versions.
+exits. A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a
+postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
+runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
+start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
+Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
+waits for iAs's own connections, is waited for up to CLUSTER_START_TIMEOUT.
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ClusterError
-from .limits import CLUSTER_MAX_CONNECTIONS, CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT
+from .limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
+                     CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT)
 from .locks import FileLock
 
 log = logging.getLogger(__name__)
@@ -60,6 +66,8 @@ TUNING = (
     "huge_pages = off",
     "wal_level = minimal",                        # no replication: less WAL, no archiver or senders
     "max_wal_senders = 0",
+    f"max_wal_size = {CLUSTER_MAX_WAL}",          # WAL kept between checkpoints is bounded (default: 1GB)
+    f"min_wal_size = {CLUSTER_MIN_WAL}",          # and little of it recycled in advance
     "max_replication_slots = 0",
     "max_worker_processes = 0",                   # no background workers at all: no parallel query ...
     "max_parallel_workers = 0",
@@ -288,13 +296,15 @@ class Cluster:
             self._initdb(password)
             self._write("postgresql.conf", "\ninclude_if_exists = 'ias.conf'\n", append=True)
             self._save_password(password)
-        if self.running():
+        if self._await_other():
             return                                      # a server without a password yet gets one when it restarts
         self._check_runnable()
         self._write_settings()
         stale = self._postmaster() is not None        # a killed server: its backends may still be exiting
         deadline = time.monotonic() + CLUSTER_STALE_WAIT
         for attempt in itertools.count():
+            if self._await_other():
+                return                                  # someone else's start (a `pg_ctl restart`) made it ready
             try:
                 if not self.passfile.exists():
                     self._set_password()
@@ -302,13 +312,53 @@ class Cluster:
                           "-l", str(self.datadir / "server.log"))
                 break
             except ClusterError:
-                if not stale or time.monotonic() > deadline:
+                # Lost a race with another start (a postmaster.pid appeared meanwhile): wait for that server.
+                # A stale server's backends: retry for a while. Anything else is this start's own failure.
+                if not (stale or self._postmaster() is not None) or time.monotonic() > deadline:
                     raise
                 if attempt == 0:
-                    log.info("embedded PostgreSQL cannot start yet after an unclean stop (old backends still "
-                             "exiting); retrying for up to %.0f s", CLUSTER_STALE_WAIT)
+                    log.info("embedded PostgreSQL cannot start yet (another start, or old backends of an unclean "
+                             "stop still exiting); retrying for up to %.0f s", CLUSTER_STALE_WAIT)
                 time.sleep(CLUSTER_RETRY_PAUSE)
         log.info("embedded PostgreSQL started in %s", self.datadir)
+
+    def _await_other(self) -> bool:
+        """Never fight a server that someone else is starting, stopping or restarting (`pg_ctl restart`, another
+        iAs process): while postmaster.pid names a live postmaster of this data directory, wait, and after it
+        exits give a restart CLUSTER_HANDOVER s to start the next one. True once a server is ready; False when
+        there is none to wait for (then it is this process's to start), or after CLUSTER_START_TIMEOUT."""
+        deadline = time.monotonic() + CLUSTER_START_TIMEOUT
+        other = gone_at = None                          # the live postmaster waited for; when it went away
+        while not self.running():
+            now = time.monotonic()
+            found = self._postmaster()
+            if found is not None and self._postmaster_alive(found[0]):
+                if other is None:
+                    log.info("embedded PostgreSQL in %s is %s (pid %d, not started by this process): waiting for "
+                             "it", self.datadir, found[1] or "starting", found[0])
+                other, gone_at = found[0], None
+            elif other is None:
+                return False
+            elif gone_at is None:
+                gone_at = now
+            elif now - gone_at > CLUSTER_HANDOVER:
+                return False                            # it was stopped, not restarted
+            if now > deadline:
+                return False
+            time.sleep(CLUSTER_POLL)
+        if other is not None:
+            log.info("embedded PostgreSQL in %s is ready again", self.datadir)
+        return True
+
+    def _postmaster_alive(self, pid: int) -> bool:
+        """Whether `pid` is a live postmaster of this data directory (a postgres process whose working directory
+        it is, where that can be read: a stale pid reused by another postgres is not waited for)."""
+        if not _alive_postgres(pid):
+            return False
+        try:
+            return os.readlink(f"/proc/{pid}/cwd") == str(self.datadir)
+        except OSError:
+            return True                                 # not ours to look into: a live postgres is enough
 
     def _initdb(self, password: str) -> None:
         """initdb with password authentication; the verifier reaches it through a memfd, which the `postgres`

@@ -20,6 +20,7 @@ from pathlib import Path
 from .changes import Change, Changes
 from .errors import SkillError
 from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
+from .sandbox import Policy
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, load_skill
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class Registry:
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                 mcp_cache: Path | None = None):
+                 mcp_cache: Path | None = None, confine: Callable[[Skill | McpServer, str], str | None] | None = None):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -54,6 +55,7 @@ class Registry:
         self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
         self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
         self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
+        self._confine = confine              # (spec, source) -> why its sandbox keeps it from loading here, or None
         self._listed: dict[str, tuple[McpServer, Listing]] = {}   # server -> its last listing, and for which spec
         self.changes = Changes()
 
@@ -155,6 +157,10 @@ class Registry:
                     continue
             else:
                 self._good[path] = outcome
+            refused = self._confine(outcome, source) if self._confine is not None else None
+            if refused:
+                problems.append(f"{path}:1: not loaded: {refused}")
+                continue
             found = system if source == "system" else user
             if isinstance(outcome, McpServer):
                 servers[outcome.name] = outcome
@@ -203,7 +209,7 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2       # 2: the ## Sandbox policy
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
                   "parameters_line", "builtin")
 
@@ -233,7 +239,8 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
                 outcome = SkillError([str(p) for p in spec])
             else:
                 outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
-                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]))
+                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]),
+                                sandbox=Policy.from_lines(spec["sandbox"]))
             out[path] = (tuple(signature), outcome)
         return out
     except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
@@ -250,7 +257,7 @@ def _write_cache(file: Path, entries: dict) -> None:
             spec = list(outcome.problems)
         else:
             spec = {k: getattr(outcome, k) for k in _CACHED_FIELDS}
-            spec.update(env=list(outcome.env), directory=str(outcome.directory))
+            spec.update(env=list(outcome.env), directory=str(outcome.directory), sandbox=outcome.sandbox.lines())
         out[str(path)] = [list(signature), spec]
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -284,13 +291,15 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 
 def load_registry(system_dir: Path | None, user_dir: Path | None,
                   allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                  mcp_cache: Path | None = None) -> Registry:
+                  mcp_cache: Path | None = None,
+                  confine: Callable[[Skill | McpServer, str], str | None] | None = None) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
     `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
     An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
     so listing never waits for a server."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
-    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache)
+    reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache,
+                   confine=confine)
     reg.reload()
     return reg
 
@@ -313,8 +322,10 @@ SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
+    from .sandbox import load_problem
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
-                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config))
+                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config),
+                         confine=load_problem(config))
 
 
 # -- MCP tools as skills --
@@ -464,7 +475,7 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=made.validator, source=server.source,
-                             parameters_line=server.line, mcp=McpTool(server.name, raw, given))
+                             parameters_line=server.line, mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")

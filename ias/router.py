@@ -16,7 +16,8 @@ One user's messages are handled in the order they arrived, whatever each looks u
 "Order"); their replies are queued in that order too. The exceptions are the answers that cannot
 wait: an approval reply answers the turn that waits for it, a reply that releases a held
 confirmation message or says 继续 only lets out what waits, and the database-down answers come at
-once. Different users never wait for each other.
+once. Different users never wait for each other. Scheduled prompt tasks run their turns in a lane
+of their own (one at a time per user), so they never make the owner's own messages wait.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Router:
         self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
         self._arrivals = UserLocks()    # what a message looks up first, in the order messages came
         self._turns = UserLocks()       # turns (and answers given in turn), in the same order
+        self._task_turns = UserLocks()  # scheduled prompt tasks: a lane of their own, one at a time per user
         self._tasks: set[asyncio.Task] = set()
         self._held = 0                                  # messages that came while the database was lost
         self._holding: set[tuple[str, str]] = set()     # their (channel, message id): a redelivery is not held twice
@@ -115,7 +117,7 @@ class Router:
                 if place is not None:
                     async with place:
                         await self._patiently(self._handle, recorded, channel)
-                await self.store.finish_inbound(recorded.inbound_id)
+                await self.store.finish_inbound(recorded.inbound_id)     # when no reply marked it already
         except asyncio.CancelledError:
             raise                       # shutdown: the message stays pending, replayed at the next start
         except StoreError as exc:
@@ -205,7 +207,7 @@ class Router:
             return None                 # it released a held confirmation message, or only said 继续
         answer = await self.approvals.redeem(message.user_id, message.text)
         if answer is not None:
-            await self.outbox.send(message.user_id, answer, channel.name)
+            await self.outbox.send(message.user_id, answer, channel.name, inbound_id=message.inbound_id)
             return None
         return self._turns.place(message.user_id)
 
@@ -214,16 +216,18 @@ class Router:
         a code never reaches the model); anything else is an agent turn, its reply queued before the next
         turn starts (so replies keep their order)."""
         if parse_reply(message.text) == "code":
-            await self.outbox.send(message.user_id, NOTHING_PENDING, channel.name)
+            await self.outbox.send(message.user_id, NOTHING_PENDING, channel.name, inbound_id=message.inbound_id)
             return
         reply = await self._agent_turn(message.user_id, message.text, channel)
         if reply:
-            await self.outbox.send(message.user_id, reply, channel.name)
+            await self.outbox.send(message.user_id, reply, channel.name, inbound_id=message.inbound_id)
 
     async def turn(self, user_id: str, text: str, channel: Channel) -> str:
-        """One agent turn for `user_id` (a scheduled task's prompt), after any turn already running or
-        waiting for them; approvals go to `channel`."""
-        async with self._turns.hold(user_id):
+        """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
+        to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
+        prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
+        so turns side by side do not interleave it; approvals queue per user)."""
+        async with self._task_turns.hold(user_id):
             return await self._agent_turn(user_id, text, channel)
 
     async def _agent_turn(self, user_id: str, text: str, channel: Channel) -> str:

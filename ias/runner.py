@@ -34,13 +34,23 @@ Handled, and why:
   that would take the parameter variables past ENV_TOTAL_MAX bytes, and two keys
   that map to the same name both are. The script always gets every parameter on
   stdin.
+- The sandbox (sandbox.py builds the command line; SPEC 10): a skill and an MCP server
+  run inside bubblewrap, as an unprivileged user when iAs is root, seeing only the
+  system's read-only files, the Python, the helper, its own directory (read-only), a
+  private HOME (a tmpfs at the run directory's path, so the host's run directory stays
+  empty and is never written by another user) and /tmp, and no network unless `## Sandbox`
+  says `- network`. Its pid namespace ends with the call: a process that left the group
+  (`setsid`, a double fork) is killed by the kernel when the script's first process exits,
+  so nothing outlives the call. The group's leader is then bwrap, which SIGTERM would kill
+  at once (and the sandbox with it): SIGTERM goes to the other members, so a script still
+  gets its grace period; bwrap reports a death by signal as 128+N, turned back into -N
+  when the runner sent the signals. The level is probed once per process, in a thread.
 
 Not handled:
-- A process that leaves the group (`setsid`, a daemon that double-forks) escapes
-  killpg; containing it needs a cgroup (the service manager's job). The drain is
-  bounded, so the run still returns; the escapee is left running.
-- No sandbox: a script runs with the daemon's user and sees its files. What may
-  run at all is decided by the approval gate, not here.
+- A `- unconfined` skill (High, approved call by call) and every skill on a host without
+  the full sandbox level run as the daemon's user, outside any sandbox; there a process
+  that leaves the group escapes killpg, the drain is bounded, and the escapee is left
+  running. What may run at all is decided by the approval gate, not here.
 
 `loop.subprocess_exec` with an own protocol is used rather than
 `asyncio.create_subprocess_exec`: on Python 3.11.7+ `Process.wait()` waits for the
@@ -63,7 +73,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .limits import (
@@ -72,9 +82,11 @@ from .limits import (
     ENV_VALUE_MAX,
     KILL_GRACE,
     KILL_POLL,
+    LEFTOVER_POLL,
     OUTPUT_HELD_MAX,
     STDERR_HELD_MAX,
 )
+from .sandbox import Policy, Sandbox, with_trust_store
 from .skills import RESERVED_ENV, Skill
 
 log = logging.getLogger(__name__)
@@ -145,6 +157,7 @@ class Server:
     name: str
     process: asyncio.subprocess.Process
     home: str
+    sandboxed: bool = True       # its group leader is bwrap: SIGTERM goes to the others (see _signal_group)
 
 
 _SERVER_VAR = re.compile(r"\$(?:\{(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\}|(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\b)")
@@ -155,6 +168,8 @@ class _Run:
     """Bookkeeping for one run, shared with kill_all()."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)   # overflow or shutdown: end the run now
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    sandboxed: bool = False
+    signalled: bool = False      # the runner signalled the group (an exit status over 128 is then a signal's)
 
 
 class _Output(asyncio.SubprocessProtocol):
@@ -211,9 +226,10 @@ class Runner:
     """Spawns skills and keeps track of the ones running, so shutdown can end them."""
 
     def __init__(self, *, repo_root: Path, run_dir: Path, environ: Mapping[str, str] | None = None,
-                 python: str = sys.executable, kill_grace: float = KILL_GRACE):
+                 python: str = sys.executable, kill_grace: float = KILL_GRACE, sandbox: Sandbox | None = None):
         self._repo_root = os.path.abspath(repo_root)
         self._run_dir = Path(os.path.abspath(run_dir))
+        self.sandbox = sandbox or Sandbox(repo_root=self._repo_root, data_dir=self._run_dir.parent, python=python)
         self._environ = os.environ if environ is None else environ
         self._python = python
         self._kill_grace = kill_grace
@@ -251,6 +267,8 @@ class Runner:
     async def _run(self, skill: Skill, params: dict, limit: float, entry: _Run) -> RunResult:
         text = _params_json(params)
         directory = os.path.abspath(skill.directory)
+        if not self.sandbox.probed:         # once per process: a sandbox is started to see what works
+            await asyncio.to_thread(self.sandbox.level)
         output = _Output(entry.stop)
         home = None
         try:
@@ -259,15 +277,12 @@ class Runner:
                 pid, start = identity()
                 home = tempfile.mkdtemp(prefix=f"run-{pid}-{start}-", dir=self._run_dir)
                 env = self._environment(skill, params, text, directory, home)
-                prefix = _pdeathsig()
-                bash = "bash"
-                if prefix:      # setpriv would report a missing bash in words of its own
-                    bash = shutil.which("bash", path=env["PATH"])
-                    if bash is None:
-                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "bash")
+                bash = shutil.which("bash", path=env["PATH"])    # said here: setpriv/bwrap would use words of their own
+                if bash is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "bash")
+                argv, entry.sandboxed = self._contained([bash, "-c", skill.execute], skill.sandbox, directory, home, env)
                 transport, _ = await asyncio.get_running_loop().subprocess_exec(
-                    lambda: output, *prefix, bash, "-c", skill.execute,
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    lambda: output, *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     cwd=directory, env=env, start_new_session=True)
             except (OSError, ValueError) as exc:
                 log.warning("skill %s: spawn failed: %s", skill.name, exc)
@@ -286,8 +301,11 @@ class Runner:
         finally:
             if home is not None:
                 await _remove_tree(home)
+        code = transport.get_returncode()
+        if entry.sandboxed and entry.signalled and code is not None and 128 < code < 160:
+            code = 128 - code       # bwrap reports a signal's death as 128+N, as a shell does
         result = RunResult(
-            skill=skill.name, exit_code=transport.get_returncode(),
+            skill=skill.name, exit_code=code,
             stdout=output.stdout.decode("utf-8", "replace"),
             stderr=_lstrip_partial(output.stderr).decode("utf-8", "replace"),
             timed_out=timed_out, overflowed=output.overflowed, timeout=limit,
@@ -314,14 +332,16 @@ class Runner:
                 timed_out = not entry.stop.is_set()
                 why = "timed out" if timed_out else "output overflow" if output.overflowed else "shutdown"
                 log.warning("skill %s: %s; terminating group %d", name, why, pgid)
-                await self._terminate(pgid)
+                entry.signalled = True
+                await self._terminate(pgid, entry.sandboxed)
                 await output.exited.wait()   # reaped
             if output.overflowed:
                 output.discard_rest()
             await _wait_for(output.closed, DRAIN_TIMEOUT)
             if _group_alive(pgid):
-                log.warning("skill %s: terminating what it left running in group %d", name, pgid)
-                await self._terminate(pgid)
+                if not entry.sandboxed:
+                    log.warning("skill %s: terminating what it left running in group %d", name, pgid)
+                await self._end_leftovers(pgid, entry.sandboxed)
                 await _wait_for(output.closed, DRAIN_TIMEOUT)
             if not output.closed.is_set():
                 log.warning("skill %s: output still open after the drain; a process left its group", name)
@@ -330,9 +350,24 @@ class Runner:
             _signal_group(pgid, signal.SIGKILL)
             raise
 
-    async def _terminate(self, pgid: int) -> None:
-        """SIGTERM the group, give it kill_grace seconds, then SIGKILL whatever is left."""
-        if not _signal_group(pgid, signal.SIGTERM):
+    async def _end_leftovers(self, pgid: int, sandboxed: bool) -> None:
+        """End what a run left in its group once its first process is gone. Sandboxed, that first process was
+        bwrap: its pid namespace is already being torn down by the kernel (bwrap returns as soon as the
+        script exits, its init follows a moment later), so no grace is owed: SIGKILL, and wait briefly."""
+        if not sandboxed:
+            await self._terminate(pgid, False)
+            return
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + self._kill_grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(LEFTOVER_POLL)
+
+    async def _terminate(self, pgid: int, sandboxed: bool) -> None:
+        """SIGTERM the group, give it kill_grace seconds, then SIGKILL whatever is left.
+
+        A sandboxed group's leader is bwrap, which would die of SIGTERM at once and take the
+        sandbox with it, grace or not: SIGTERM goes to the other members; SIGKILL to all."""
+        if not _signal_group(pgid, signal.SIGTERM, spare_leader=sandboxed):
             return
         deadline = time.monotonic() + self._kill_grace
         while (left := deadline - time.monotonic()) > 0:
@@ -340,6 +375,18 @@ class Runner:
             if not _group_alive(pgid):
                 return
         _signal_group(pgid, signal.SIGKILL)
+
+    def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,
+                   env: dict[str, str]) -> tuple[list[str], bool]:
+        """`argv` as spawned: in the sandbox (SPEC 10), unless `- unconfined` or the host has no full level;
+        and whether it is. Raises PermissionError for a policy that may not run (a path inside the data dir)."""
+        if policy.unconfined or not self.sandbox.level().full:
+            return [*_pdeathsig(), *argv], False
+        policy = with_trust_store(policy, env)
+        refused = self.sandbox.refused(policy)
+        if refused:
+            raise PermissionError(errno.EACCES, refused)
+        return self.sandbox.command(argv, policy, directory=directory, home=home), True
 
     def _environment(self, skill: Skill, params: dict, text: str, directory: str, home: str) -> dict[str, str]:
         """The child's whole environment, built from nothing."""
@@ -376,10 +423,12 @@ class Runner:
         return [_SERVER_VAR.sub(lambda m: values[m[1] or m[2]], word) for word in words]
 
     async def start_server(self, name: str, words: tuple[str, ...], directory: Path, env_names: tuple[str, ...],
-                           line_max: int) -> Server:
+                           line_max: int, policy: Policy = Policy()) -> Server:
         """Start an MCP server (no shell) in its own session, in its directory, with a scrubbed environment and
         a private HOME under the run directory (so `recover` ends it if this process dies); raises OSError."""
         directory = os.path.abspath(directory)
+        if not self.sandbox.probed:
+            await asyncio.to_thread(self.sandbox.level)
         self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         pid, start = identity()
         home = tempfile.mkdtemp(prefix=f"run-{pid}-{start}-mcp-", dir=self._run_dir)
@@ -390,13 +439,15 @@ class Runner:
                        else argv[0] if os.access(os.path.join(directory, argv[0]), os.X_OK) else None)
             if program is None:    # said here: behind setpriv the exec error would be setpriv's words
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+            command, sandboxed = self._contained([program, *argv[1:]], replace(policy, unconfined=False), directory,
+                                                 home, env)
             proc = await asyncio.create_subprocess_exec(
-                *_pdeathsig(), program, *argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=directory, env=env, start_new_session=True, limit=line_max)
         except BaseException:
             await _remove_tree(home)
             raise
-        server = Server(name, proc, home)
+        server = Server(name, proc, home, sandboxed)
         self._servers.add(server)
         log.info("mcp server %s started (pid %d)", name, proc.pid)
         return server
@@ -411,9 +462,9 @@ class Runner:
                 try:
                     await asyncio.wait_for(proc.wait(), grace)
                 except asyncio.TimeoutError:
-                    await self._terminate(proc.pid)
+                    await self._terminate(proc.pid, server.sandboxed)
             if _group_alive(proc.pid):          # what it left behind in its group
-                await self._terminate(proc.pid)
+                await self._end_leftovers(proc.pid, server.sandboxed)
             if not await _wait_for_process(proc, DRAIN_TIMEOUT):
                 log.warning("mcp server %s: a process that left its group still holds its pipes", server.name)
         except BaseException:
@@ -524,26 +575,31 @@ def _env_size(value: str) -> int:
     return size if "\0" not in value and size <= ENV_VALUE_MAX else ENV_TOTAL_MAX + 1
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to the group; False when none of it is left."""
+def _signal_group(pgid: int, sig: int, spare_leader: bool = False) -> bool:
+    """Send `sig` to the group (to all its members but the leader when `spare_leader`); False when none of it
+    is left."""
     try:
-        os.killpg(pgid, sig)
+        os.killpg(pgid, 0 if spare_leader else sig)
     except ProcessLookupError:
         return False
     except PermissionError:
         log.warning("cannot signal process group %d", pgid)
+    if spare_leader:
+        for pid in _members(pgid) - {pgid}:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs; zombies that init never reaps (a container
-    without an init) do not count."""
-    if not _signal_group(pgid, 0):
-        return False
+def _members(pgid: int) -> set[int]:
+    """The pids of the group's processes that are not zombies."""
+    members = set()
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
-        return True
+        return members
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -551,8 +607,14 @@ def _group_alive(pgid: int) -> bool:
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+            members.add(int(pid))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies that init never reaps (a container
+    without an init) do not count."""
+    return _signal_group(pgid, 0) and bool(_members(pgid))
 
 
 async def _wait_for(event: asyncio.Event, timeout: float) -> bool:

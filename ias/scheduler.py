@@ -156,6 +156,28 @@ async def retry_later(exc: Exception) -> None:
     await asyncio.sleep(SCHEDULER_RETRY)
 
 
+RETENTION_PERIOD = 86400.0      # seconds between two prunes of old history
+
+
+async def prune_daily(store: Store, days: int, *, now: Callable[[], datetime] = utcnow,
+                      sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                      on_store_error: OnStoreError | None = None) -> None:
+    """Forever (a daemon job): remove the history older than `days` (`Store.prune_history`: what is
+    still queued or running stays), at start and then every RETENTION_PERIOD. `now` and `sleep`:
+    the clock and the wait, injected by tests. The audit log is not touched (only `ias audit
+    --prune-before` prunes it). Inbound files are not kept yet, so there are none to prune."""
+    while True:
+        try:
+            removed = await store.prune_history(now() - timedelta(days=days))
+        except StoreError as exc:
+            await (on_store_error or retry_later)(exc)
+            continue
+        if any(removed.values()):
+            log.info("retention: removed what was older than %d days: %s", days,
+                     ", ".join(f"{count} {table}" for table, count in removed.items()))
+        await sleep(RETENTION_PERIOD)
+
+
 # -- managing tasks (the `ias tasks` command and the task skills) -----------------------------
 
 KINDS = ("reminder", "prompt")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .errors import SkillError
 from .limits import SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
+from .sandbox import Policy, inside, parse_permission
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Skill:
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
     builtin: str | None = None    # the in-process handler of ## Builtin (then `execute` is empty)
     mcp: McpTool | None = None    # run as a tool of an MCP server instead of `execute`
+    sandbox: Policy = Policy()    # ## Sandbox: what it may reach beyond the default (SPEC 10)
 
     @property
     def high(self) -> bool:
@@ -63,12 +65,14 @@ class McpServer:
     description: str
     source: str = "user"
     line: int = 1                 # line of `## MCP`, for problems found when the server runs
+    sandbox: Policy = Policy()
 
     @property
     def path(self) -> Path:
         return self.directory / "SKILL.md"
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the runner sets itself; a skill cannot ask for the daemon's value of these.
@@ -83,6 +87,7 @@ SECTION_ALIASES = {
     "env": "env", "环境变量": "env",
     "builtin": "builtin", "内置": "builtin",
     "mcp": "mcp", "tools": "tools", "工具": "tools",
+    "sandbox": "sandbox", "沙箱": "sandbox",
 }
 REQUIRED_SECTIONS = ("risk", "parameters")
 EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
@@ -308,19 +313,46 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServe
                 elif item not in env:
                     env.append(item)
 
+    policy = _sandbox_section(sections["sandbox"], risk, mcp, directory, problems, where) if "sandbox" in sections \
+        else Policy()
     if mcp:
         command, tools = _mcp_sections(sections, problems, where)
         if problems:
             raise SkillError(problems)
         return McpServer(name=name, command=command, risk=risk, tools=tools, timeout=timeout, env=tuple(env),
                          directory=directory.resolve(), description=description, source=source,
-                         line=sections["mcp"].line)
+                         line=sections["mcp"].line, sandbox=policy)
     if problems:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
                  directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line,
-                 builtin=builtin)
+                 builtin=builtin, sandbox=policy)
+
+
+def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, problems: list[str],
+                     where: str) -> Policy:
+    """`## Sandbox`: one permission a line (SPEC 10). A PATH overlapping the repository this iAs runs from or
+    the skills' own tree is refused here; the runner refuses the data directory too (known only with a config)."""
+    lines = []
+    for number, line in _text(section):
+        try:
+            kind, path = parse_permission(line)
+        except ValueError as exc:
+            problems.append(f"{where}:{number}: {exc}, got '{_clip(line)}'")
+            continue
+        if kind == "unconfined" and (mcp or risk != "high"):
+            problems.append(f"{where}:{number}: '- unconfined' is for a High skill only (approved call by call)"
+                            + ("; an MCP server always runs in the sandbox" if mcp else ""))
+            continue
+        if path is not None and not path.startswith("~/"):
+            overlap = [root for root in (REPO_ROOT, directory.resolve().parent)
+                       if inside(path, root) or inside(root, path)]
+            if overlap:
+                problems.append(f"{where}:{number}: sandbox path {path} may not overlap the repository or the skills ({overlap[0]})")
+                continue
+        lines.append(line)
+    return Policy.from_lines(lines)
 
 
 def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tuple[str, ...], dict | None]:

@@ -36,12 +36,12 @@ from typing import Any, AsyncIterator
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import args_row, dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from . import auditchain, migrations
-from .auditchain import AuditChain, Head
+from .auditchain import AuditChain, Checkpoint, Head
 from .errors import IasError, StoreError
 from .limits import STORED_JSON_DEPTH
 
@@ -52,7 +52,8 @@ POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays ope
 CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 730819910          # advisory lock class serialising migrations (second key: the schema)
 AUDIT_LOCK = 7308199101          # transaction advisory lock serialising audit appends (one chain, every process)
-AUDIT_BATCH = 2000               # rows per fetch when the whole audit log is read (verification)
+PRUNE_BATCH = 5000               # rows per DELETE when history is pruned
+AUDIT_BATCH = 5000               # rows per fetch when the whole audit log is read (verification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +95,26 @@ class AuditRow:
 
 @dataclass(frozen=True, slots=True)
 class ChainRow(AuditRow):
-    """An audit row as the chain covers it: `params` is jsonb's text, and `digest` the old rule's
-    SHA-256 for a row from before the keyed chain (see auditchain.py)."""
-    digest: str | None = None
+    """An audit row as the chain covers it: `params` is jsonb's text (see auditchain.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What `prune_audit` removed: rows this time, the last one's id, and rows removed in all."""
+    count: int
+    last_id: int
+    total: int
+
+
+# What `prune_history` removes (older than its parameter and settled), per table.
+_PRUNABLE = {
+    "messages": "r.at < %s",
+    "outbox": "r.state <> 'queued' AND r.done_at < %s",
+    "task_runs": ("r.finished_at < %s AND r.status <> 'running' AND r.delivery IS DISTINCT FROM 'queued' "
+                  "AND r.id <> (SELECT max(id) FROM task_runs n WHERE n.task_id = r.task_id) "
+                  "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_run_id = r.id AND o.state = 'queued')"),
+    "inbound": "r.state = 'done' AND r.done_at < %s",     # a pending one is never removed
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +180,7 @@ class InboundRow:
 
 _TASK_FIELDS = ", ".join(f.name for f in fields(Task))
 _INBOUND_FIELDS = ", ".join(f.name for f in fields(InboundRow))
+_FINISH_INBOUND = "UPDATE inbound SET state = 'done', done_at = clock_timestamp() WHERE id = %s AND state = 'pending'"
 _OUTBOX_FIELDS = ", ".join(f.name for f in fields(OutboxRow))
 # A run's delivery, from its parts: any fallback, else all sent, else any expired, else queued.
 _SETTLE_RUNS = (
@@ -184,20 +203,35 @@ _AUDIT_PREPARE = (
 _CHAIN_COLUMNS = ["id", "at", *_AUDIT_COLUMNS, "prev_hash", "hash"]
 _AUDIT_INSERT = (f"INSERT INTO audit_log ({', '.join(_CHAIN_COLUMNS)}) VALUES ("
                  + ", ".join("%s::jsonb" if name == "params" else "%s" for name in _CHAIN_COLUMNS) + ")")
-# Every row as the chain covers it; rows from before the keyed chain (a bare SHA-256 written by the
-# old trigger) get the old rule's digest, spelt out here with built-ins only, so that replacing or
-# dropping a function in the database cannot vouch for them.
+# Every row as the chain covers it, as auditchain.LINK_FIELDS: rows from before the keyed chain (a
+# bare SHA-256 written by the old trigger) get the old rule's digest, spelt out here with built-ins
+# only, so that replacing or dropping a function in the database cannot vouch for them.
 _AUDIT_CHAIN_ROWS = (
-    "SELECT " + ", ".join("a.params::text" if f.name == "params" else f"a.{f.name}"
-                          for f in fields(ChainRow) if f.name != "digest")
-    + f", CASE WHEN NOT pg_catalog.starts_with(a.hash, '{auditchain.KEYED}') THEN "
+    "SELECT a.id, (extract(epoch FROM a.at) * 1000000)::int8, a.event, a.user_id, a.skill_name, a.params::text, "
+    "a.risk, a.approval_id::text, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail, "
+    f"a.prev_hash, a.hash, CASE WHEN NOT pg_catalog.starts_with(a.hash, '{auditchain.KEYED}') THEN "
     "pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array("
     "a.prev_hash, a.id, extract(epoch FROM a.at)::text, a.event, a.user_id, a.skill_name, a.params, a.risk, "
     "a.approval_id, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail)::text, "
-    "'UTF8')), 'hex') END AS digest FROM audit_log a ORDER BY a.id")
+    "'UTF8')), 'hex') END FROM audit_log a ORDER BY a.id")
 TOO_DEEP = "…(nested too deep to store)"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+async def _batches(cur: psycopg.AsyncServerCursor, size: int) -> AsyncIterator[list]:
+    """The cursor's rows, `size` at a time; each next batch is asked for before this one is handed
+    out, so the server reads it while the caller checks this one."""
+    pending = asyncio.ensure_future(cur.fetchmany(size))
+    try:
+        while rows := await pending:
+            pending = asyncio.ensure_future(cur.fetchmany(size))
+            await asyncio.sleep(0)                  # the FETCH goes out now
+            yield rows
+    finally:
+        if not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 def _text(value: str) -> str:
@@ -494,26 +528,107 @@ class Store:
                 "SELECT * FROM (SELECT * FROM audit_log ORDER BY id DESC LIMIT %s) r ORDER BY id", (limit,))
             return [AuditRow(**row) for row in await cur.fetchall()]
 
-    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[list[ChainRow]]:
-        """Every audit row as the chain covers it, oldest first, from one snapshot, `batch` rows at a time.
+    @asynccontextmanager
+    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[tuple[Checkpoint | None, AsyncIterator[list[tuple]]]]:
+        """The checkpoint (None when the log was never pruned) and every audit row as the chain
+        covers it (a tuple, as auditchain.LINK_FIELDS), oldest first, `batch` rows at a time, both
+        from one snapshot.
 
-        Streamed through a server-side cursor (binary, positional rows: verification reads
-        millions), so memory does not grow with the log.
+        Streamed through a server-side cursor (binary, plain tuples, no per-row object: verification
+        reads millions), so memory does not grow with the log.
         """
-        async with self._conn() as conn, conn.transaction():
-            async with conn.cursor(name="audit_chain", row_factory=args_row(ChainRow), binary=True) as cur:
-                await cur.execute(_AUDIT_CHAIN_ROWS)
-                while rows := await cur.fetchmany(batch):
-                    yield rows
+        async with self._conn() as conn, conn.transaction(), conn.cursor(
+                name="audit_chain", row_factory=tuple_row, binary=True) as cur:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            checkpoint = await self._checkpoint(conn)
+            await cur.execute(_AUDIT_CHAIN_ROWS)
+            yield checkpoint, _batches(cur, batch)
+
+    async def audit_checkpoint(self) -> Checkpoint | None:
+        """Where `prune_audit` last cut the log; None when it never did."""
+        async with self._conn() as conn:
+            return await self._checkpoint(conn)
+
+    @staticmethod
+    async def _checkpoint(conn: psycopg.AsyncConnection) -> Checkpoint | None:
+        cur = await conn.execute("SELECT last_id, last_value, pruned, seal FROM audit_checkpoint")
+        row = await cur.fetchone()
+        return None if row is None else Checkpoint(**row)
+
+    async def prune_audit(self, before: datetime, reason: str) -> Pruned | None:
+        """Remove the audit rows older than `before` (up to the first call still in flight), in one
+        transaction that appends an `audit_pruned` row saying so (`detail`: `reason` and the cut) and
+        leaves a keyed checkpoint at the last removed row; None when no row is that old.
+
+        The append-only trigger is disabled for this transaction's DELETE only (ALTER TABLE takes
+        the table's exclusive lock, so no other session sees it off) and enabled again before the
+        commit; a trigger an admin already disabled stays so. Needs the table's owner.
+        """
+        if self.chain is None:
+            raise StoreError("no audit chain key: the audit log cannot be pruned")
+        try:
+            return await self._prune_audit(before, reason)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:                # e.g. not the table's owner: nothing was removed
+            raise StoreError(f"cannot prune the audit log: {_first_line(exc)}") from None
+
+    async def _prune_audit(self, before: datetime, reason: str) -> Pruned | None:
+        async with self._tx() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
+            cur = await conn.execute(
+                "SELECT a.id AS last_id, a.hash AS last_value, (SELECT count(*) FROM audit_log WHERE id <= a.id) AS count "
+                "FROM audit_log a WHERE a.at < %s AND a.id < coalesce((SELECT min(audit_id) FROM calls_in_flight), "
+                "9223372036854775807) ORDER BY a.id DESC LIMIT 1", (before,))
+            cut = await cur.fetchone()
+            if cut is None:
+                return None
+            earlier = await self._checkpoint(conn)
+            pruned = cut["count"] + (earlier.pruned if earlier else 0)
+            head = await self._append(conn, AuditEntry(
+                "audit_pruned", detail=f"{reason}: {cut['count']} rows removed, up to row {cut['last_id']} "
+                                       f"({cut['last_value']}); {pruned} in all"))
+            cur = await conn.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = 'audit_log'::regclass "
+                                     "AND tgname = 'audit_log_append_only' AND tgenabled <> 'D'")
+            armed = await cur.fetchone() is not None
+            if armed:
+                await conn.execute("ALTER TABLE audit_log DISABLE TRIGGER audit_log_append_only")
+            await conn.execute("DELETE FROM audit_log WHERE id <= %s", (cut["last_id"],))
+            if armed:
+                await conn.execute("ALTER TABLE audit_log ENABLE TRIGGER audit_log_append_only")
+            seal = auditchain.mark(self.chain.key, cut["last_id"], cut["last_value"], pruned)
+            await conn.execute(
+                "INSERT INTO audit_checkpoint (last_id, last_value, pruned, seal) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (one) DO UPDATE SET last_id = excluded.last_id, last_value = excluded.last_value, "
+                "pruned = excluded.pruned, seal = excluded.seal, at = clock_timestamp()",
+                (cut["last_id"], cut["last_value"], pruned, seal))
+        self._advance(head)
+        return Pruned(cut["count"], cut["last_id"], pruned)
 
     async def unfinished_calls(self) -> list[AuditRow]:
-        """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares, oldest first."""
+        """skill_started rows with a call tag that no skill_finished or skill_interrupted row shares,
+        oldest first: the calls in flight, which a trigger keeps beside the log (no scan of it)."""
         async with self._conn() as conn:
             cur = await conn.execute(
-                "SELECT * FROM audit_log s WHERE s.event = 'skill_started' AND s.detail LIKE 'call=%%' "
-                "AND NOT EXISTS (SELECT 1 FROM audit_log f WHERE f.event IN ('skill_finished', 'skill_interrupted') "
-                "AND f.detail = s.detail) ORDER BY s.id")
+                "SELECT s.* FROM calls_in_flight c JOIN audit_log s ON s.id = c.audit_id ORDER BY s.id")
             return [AuditRow(**row) for row in await cur.fetchall()]
+
+    async def prune_history(self, before: datetime, batch: int = PRUNE_BATCH) -> dict[str, int]:
+        """Remove what is older than `before` and settled: conversation messages, outbox rows no
+        longer queued, finished task runs (never a task's newest run, one still running or with
+        a message still queued). Rows per table removed; in batches of `batch`, each its own
+        transaction, so the daemon's other work never waits long."""
+        removed = {}
+        async with self._conn() as conn:
+            for table, where in _PRUNABLE.items():
+                removed[table] = 0
+                while True:
+                    cur = await conn.execute(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} r "
+                                             f"WHERE {where} LIMIT %s)", (before, batch))
+                    removed[table] += cur.rowcount
+                    if cur.rowcount < batch:
+                        break
+        return removed
 
     # -- approvals --------------------------------------------------------------------------
     async def normalised(self, value: Any) -> Any:
@@ -705,8 +820,7 @@ class Store:
     async def finish_inbound(self, inbound_id: int) -> None:
         """The message's outcome is stored: it is not handled again."""
         async with self._conn() as conn:
-            await conn.execute("UPDATE inbound SET state = 'done', done_at = clock_timestamp() "
-                               "WHERE id = %s AND state = 'pending'", (inbound_id,))
+            await conn.execute(_FINISH_INBOUND, (inbound_id,))
 
     async def count_replays(self, ids: list[int]) -> None:
         """These pending messages are being handled again by this start."""
@@ -843,8 +957,10 @@ class Store:
 
     # -- outbox -----------------------------------------------------------------------------
     async def enqueue(self, user_id: str, channel: str, kind: str, parts: list[tuple[str, str]], now: datetime,
-                      due_at: datetime, task_run_id: int | None = None) -> list[OutboxRow]:
-        """Queue the parts of one message ((text, client_id) each, in order), and mark its run queued."""
+                      due_at: datetime, task_run_id: int | None = None,
+                      inbound_id: int | None = None) -> list[OutboxRow]:
+        """Queue the parts of one message ((text, client_id) each, in order), and mark its run queued and
+        the inbound message it answers handled."""
         async with self._tx() as conn:
             rows = []
             for text, client_id in parts:
@@ -855,6 +971,8 @@ class Store:
                 rows.append(OutboxRow(**await cur.fetchone()))
             if task_run_id is not None:
                 await conn.execute(_SETTLE_RUNS, ([task_run_id],))
+            if inbound_id is not None:
+                await conn.execute(_FINISH_INBOUND, (inbound_id,))
             return rows
 
     async def queued(self, user_id: str | None = None) -> list[OutboxRow]:
@@ -890,6 +1008,13 @@ class Store:
         """Why these queued parts wait (window shut, budget spent …); no attempt counted."""
         async with self._conn() as conn:
             await conn.execute("UPDATE outbox SET reason = %s WHERE id = ANY(%s) AND state = 'queued'", (reason, ids))
+
+    async def note_retry(self, row_id: int, reason: str, next_try_at: datetime | None) -> None:
+        """Why this queued part waits and when it may be tried next (None: whenever the channel takes it);
+        no attempt counted."""
+        async with self._conn() as conn:
+            await conn.execute("UPDATE outbox SET reason = %s, next_try_at = %s WHERE id = %s AND state = 'queued'",
+                               (reason, next_try_at, row_id))
 
     async def note_failure(self, row_id: int, reason: str, next_try_at: datetime) -> int:
         """A failed attempt: count it, say why, and not again before `next_try_at`; returns the attempts."""

@@ -149,6 +149,19 @@ def processes() -> list[Proc]:
     return found
 
 
+def skill_group(marker: str) -> int:
+    """The host's process group of the live skill whose environment holds `marker` (`NAME=value`)."""
+    wanted = marker.encode()
+    for proc in processes():
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if proc.state not in ("Z", "X") and wanted in f.read().split(b"\0"):
+                    return proc.pgid
+        except OSError:
+            continue
+    raise AssertionError(f"no running skill with {marker} in its environment")
+
+
 def group_alive(pgid: int) -> list[Proc]:
     """The live (not zombie) members of process group `pgid`."""
     return [p for p in processes() if p.pgid == pgid and p.state not in ("Z", "X")]
@@ -204,8 +217,12 @@ class Copy:
 
     def __init__(self):
         self.root = Path(tempfile.mkdtemp(prefix="ias-e2e-"))
+        # Pid files and release files: outside the copy (a skill may write nothing of the repository),
+        # granted to the e2e skills by their `## Sandbox`, writable by the user skills run as.
+        self.scratch = Path(tempfile.mkdtemp(prefix="ias-e2e-scratch-"))
         try:
             os.chmod(self.root, 0o755)      # the postgres OS user must reach var/pg
+            os.chmod(self.scratch, 0o777)
             for rel in repo_files():
                 source = REPO / rel
                 if source.is_file():
@@ -213,20 +230,21 @@ class Copy:
                     shutil.copy2(source, self.root / rel)
             for name, spec in E2E_SKILLS.items():
                 (self.root / "skills" / name).mkdir(parents=True)
-                (self.root / "skills" / name / "SKILL.md").write_text(spec, encoding="utf-8")
+                (self.root / "skills" / name / "SKILL.md").write_text(
+                    f"{spec}\n## Sandbox\n- write: {self.scratch}\n", encoding="utf-8")
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
             raise
         self.pgdata = self.root / "var" / "pg"
-        self.scratch = self.root / "e2e"    # pid files and release files; neither skills/ nor resources/
-        self.scratch.mkdir()
         self.procs: list[subprocess.Popen] = []
+        self.prefix: list[str] = []         # what runs each command (e.g. as another user); nothing by default
         self.skill_groups: set[int] = set()
         self._names = 0
 
     # -- running commands ------------------------------------------------------------------
     def argv(self, *args: str | bytes) -> list[str | bytes]:
-        return [sys.executable, str(self.root / "ias.py"), *args]
+        return [*self.prefix, sys.executable, str(self.root / "ias.py"), *args]
 
     def spawn(self, *args: str | bytes, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
         """Start `ias ARGS…` in the copy, in its own session; killed by reset() if still running."""
@@ -309,9 +327,10 @@ class Copy:
             return False
         if not wait_until(ready, timeout):
             raise AssertionError(f"the skill never wrote {path} within {timeout:g}s")
-        pgid, home = path.read_text().strip().split(" ", 1)
-        self.skill_groups.add(int(pgid))
-        return int(pgid), self.root / home     # a relative HOME would be relative to the copy at best
+        _pid, home = path.read_text().strip().split(" ", 1)
+        pgid = skill_group(f"IAS_PARAM_PIDFILE={path}")      # its own $$ is a pid of its sandbox's namespace
+        self.skill_groups.add(pgid)
+        return pgid, self.root / home     # a relative HOME would be relative to the copy at best
 
     def audit_lines(self) -> list[str]:
         """Every row `ias audit` shows (a large --limit)."""
@@ -404,6 +423,7 @@ class Copy:
     def remove(self) -> None:
         self.reset()
         shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def tree(self, *tops: str) -> set[str]:
         """Every path (files and directories) below the copy's `tops`, relative to the copy."""

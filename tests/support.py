@@ -163,7 +163,7 @@ class GateTestCase(StoreTestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-gate-"))
         self.key = os.urandom(32)
         self.use(self.build())
-        self.marker = self.tmp / "marker"
+        self.marker = granted("marker")       # mark_high writes it: GRANTS, as its ## Sandbox says
         self.owner = FakeOwner()
 
     def build(self, *, environ: dict[str, str] | None = None, store: Store | None = None, **options) -> App:
@@ -198,6 +198,65 @@ class SkillsTestCase(GateTestCase):
     """The gate over the shipped skills (resources/skills and skills/)."""
     system_skills = REPO / "resources" / "skills"
     user_skills = REPO / "skills"
+
+
+GRANTS = Path("/tmp/ias-test-grants")     # where fixture skills may write: their `## Sandbox` grants it
+_granted: list[Path] = []
+
+
+def granted(stem: str) -> Path:
+    """A fresh path in GRANTS (sticky and open to the sandbox user), removed when the tests end: where a
+    fixture skill leaves its pid file or marker for the test (never the repository or the data dir)."""
+    GRANTS.mkdir(exist_ok=True)
+    os.chmod(GRANTS, 0o1777)
+    path = GRANTS / f"{stem}-{uuid.uuid4().hex}"
+    _granted.append(path)
+    return path
+
+
+@atexit.register
+def _remove_granted() -> None:
+    for path in _granted:
+        for name in (path, path.with_name(path.name + ".tmp")):
+            try:
+                name.unlink()
+            except OSError:
+                pass
+
+
+def fixture_copy(test: unittest.TestCase, name: str) -> Path:
+    """tests/fixtures/NAME copied into a temporary directory, its symlinks made files: a sandboxed skill sees
+    its own directory only, so a script linked in from tests/servers must be there for real."""
+    root = Path(tempfile.mkdtemp(prefix=f"ias-fixture-{name}-"))
+    test.addCleanup(shutil.rmtree, root, True)
+    shutil.copytree(FIXTURES / name, root / name)
+    return root / name
+
+
+def skill_pgid(pidfile: Path) -> int:
+    """The host's process group of the running skill given `pidfile` (its own $$ is its sandbox's pid)."""
+    pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")
+    if not pids:
+        raise AssertionError(f"no running skill was given {pidfile}")
+    return os.getpgid(pids[0])
+
+
+def with_env(marker: str) -> list[int]:
+    """Host pids of the live processes whose environment holds `marker` (`NAME=value`): a sandboxed skill's
+    processes, whatever pid namespace they are in (their own pids mean nothing out here)."""
+    wanted = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except OSError:
+            continue
+        if wanted in environ and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
 
 
 async def until(predicate, timeout: float = 10) -> None:

@@ -5,6 +5,7 @@ row is also recorded outside it."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
 import stat
@@ -13,7 +14,6 @@ import sys
 import tempfile
 import unittest
 import uuid
-from contextlib import aclosing
 from pathlib import Path
 
 import psycopg
@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from ias import audit, migrations
 from ias.approval import load_key
-from ias.auditchain import AuditChain, Head, advance, read_head, seal
+from ias.auditchain import AuditChain, Head, Sealer, advance, mark, read_head, seal
 from ias.errors import StoreError
 from ias.store import AuditEntry, ChainRow, Store
 from tests.support import FIXTURES, REPO, StoreTestCase, drop_schema, fresh_schema_dsn, test_chain
@@ -269,8 +269,9 @@ class KeyedChainTest(ChainTestCase):
 
     async def test_the_log_is_read_in_batches_in_order(self):
         ids = await self.write(7)
-        async with aclosing(self.store.audit_chain(batch=3)) as batches:
-            self.assertEqual([[row.id for row in batch] async for batch in batches], [ids[:3], ids[3:6], ids[6:]])
+        async with self.store.audit_chain(batch=3) as (checkpoint, batches):
+            self.assertIsNone(checkpoint)
+            self.assertEqual([[row[0] for row in batch] async for batch in batches], [ids[:3], ids[3:6], ids[6:]])
 
     async def test_no_key_no_audit_row_and_no_state_change(self):
         """A state change and its audit row commit together: without the chain key nothing is written."""
@@ -358,6 +359,121 @@ class UnkeyedRowsTest(StoreTestCase):
         assert_broken(self, await audit.check(self.store), "differs from the chain head")
 
 
+class SealerTest(unittest.TestCase):
+    def test_the_fast_sealer_writes_what_the_json_encoder_writes(self):
+        """The value is documented as an HMAC over compact ASCII JSON: the hand-written encoding must
+        be that text for every kind of value a row holds."""
+        key = os.urandom(32)
+        for link in [(1, -5, "e", None, None, None, None, None, None, None, None, None, None, None, ""),
+                     (2**62, 1700000000123456, 'q"\\\n\t\u2028', "北京", "😀", '{"a": [1, 2.5, null]}', "high",
+                      str(uuid.uuid4()), "approved", -1, 0, 2**40, True, "\x7f\x01", "k1:ab"),
+                     (3, 0, "x", "", "", "", "", "", "", 2**31, 7, 0, False, "", "abc")]:
+            text = json.dumps(["v1", *link], ensure_ascii=True, separators=(",", ":"))
+            self.assertEqual(Sealer(key).link(link), "k1:" + hmac.digest(key, text.encode(), "sha256").hex())
+        long_key = os.urandom(100)
+        self.assertEqual(Sealer(long_key).mac("x"), "k1:" + hmac.digest(long_key, b"x", "sha256").hex())
+
+
+class PruneTest(ChainTestCase):
+    """`audit.prune` (`ias audit --prune-before`) from the attacker's side: what remains still
+    verifies, and deleting more, or forging the checkpoint without the key, is caught."""
+
+    async def pruned(self, old: int = 6, new: int = 4) -> list[int]:
+        """`old` rows, then `new` rows; the old ones pruned. The ids of all of them."""
+        ids = await self.write(old)
+        [[cut]] = self.sql("SELECT clock_timestamp()")
+        ids += (await self.write(new))[old:]
+        verdict, pruned = await audit.prune(self.store, cut)
+        self.assertTrue(verdict.intact, verdict.problems)
+        self.assertEqual((pruned.count, pruned.last_id, pruned.total), (old, ids[old - 1], old))
+        return ids
+
+    async def test_a_pruned_log_still_verifies_from_its_checkpoint(self):
+        ids = await self.pruned()
+        self.assertEqual(self.attacker.ids()[:4], ids[6:])
+        [note] = self.attacker.run("SELECT detail FROM audit_log WHERE event = 'audit_pruned'")
+        self.assertIn(f"6 rows removed, up to row {ids[5]}", note["detail"])
+        verdict = await self.check()
+        self.assertTrue(verdict.intact, verdict.problems)
+        self.assertEqual((verdict.rows, verdict.pruned, verdict.checkpoint), (5, 6, ids[5]))
+        self.assertIn(f"6 older rows pruned, checkpoint at row {ids[5]}", verdict.summary())
+        self.assertEqual(read_head(self.chain.head).id, max(self.attacker.ids()))     # the audit_pruned row
+
+    async def test_pruning_again_moves_the_checkpoint_and_counts_on(self):
+        ids = await self.pruned()
+        [[cut]] = self.sql("SELECT clock_timestamp()")
+        await self.write(1)
+        verdict, pruned = await audit.prune(self.store, cut)
+        self.assertEqual((pruned.count, pruned.total), (5, 11))       # four rows and the first audit_pruned
+        verdict = await self.check()
+        self.assertTrue(verdict.intact, verdict.problems)
+        self.assertEqual((verdict.pruned, verdict.rows), (11, 2))
+        self.assertNotIn(ids[-1], self.attacker.ids())
+
+    async def test_the_whole_log_pruned_leaves_its_own_row_and_verifies(self):
+        await self.write(3)
+        [[now]] = self.sql("SELECT clock_timestamp()")
+        await audit.prune(self.store, now)
+        self.assertEqual(len(self.attacker.ids()), 1)
+        verdict = await self.check()
+        self.assertTrue(verdict.intact, verdict.problems)
+        await self.write(2)
+        self.assertTrue((await self.check()).intact)
+
+    async def test_one_more_old_row_deleted_after_a_prune_is_caught(self):
+        ids = await self.pruned()
+        self.attacker.run("DELETE FROM audit_log WHERE id = %s", (ids[6],))
+        self.assert_broken(await self.check(), f"row {ids[7]}: chain broken")
+
+    async def test_a_checkpoint_moved_without_the_key_is_caught(self):
+        """Rows deleted past the cut and the checkpoint moved to cover them: its seal, made with
+        another key (or copied from the old checkpoint), does not match."""
+        ids = await self.pruned()
+        self.attacker.run("DELETE FROM audit_log WHERE id <= %s", (ids[7],))
+        value = self.attacker.run("SELECT prev_hash FROM audit_log WHERE id = %s", (ids[8],))[0]["prev_hash"]
+        for seal in (mark(os.urandom(32), ids[7], value, 8),
+                     self.attacker.run("SELECT seal FROM audit_checkpoint")[0]["seal"]):
+            self.attacker.run("UPDATE audit_checkpoint SET last_id = %s, last_value = %s, pruned = 8, seal = %s",
+                              (ids[7], value, seal))
+            self.assert_broken(await self.check(), "does not match its keyed seal")
+
+    async def test_a_checkpoint_removed_is_caught(self):
+        ids = await self.pruned()
+        self.attacker.run("DELETE FROM audit_checkpoint")
+        self.assert_broken(await self.check(), f"row {ids[6]}: chain broken")
+
+    async def test_old_rows_put_back_before_the_checkpoint_are_caught(self):
+        ids = await self.pruned()
+        self.attacker.run("INSERT INTO audit_log (id, event, prev_hash, hash) VALUES (%s, 'x', '', '')", (ids[0],))
+        self.assert_broken(await self.check(), f"row {ids[0]}: at or before the checkpoint")
+
+    async def test_a_broken_log_is_not_pruned(self):
+        ids = await self.write(4)
+        self.attacker.run("UPDATE audit_log SET exit_code = 9 WHERE id = %s", (ids[1],))
+        [[now]] = self.sql("SELECT clock_timestamp()")
+        verdict, pruned = await audit.prune(self.store, now)
+        self.assertIsNone(pruned)
+        self.assertFalse(verdict.intact)
+        self.assertEqual(self.attacker.ids(), ids)
+
+    async def test_the_append_only_trigger_is_back_after_a_prune(self):
+        ids = await self.pruned()
+        with self.assertRaises(psycopg.errors.InsufficientPrivilege):
+            self.attacker.conn.execute("DELETE FROM audit_log WHERE id = %s", (ids[-1],))
+
+    async def test_a_call_in_flight_and_what_follows_it_are_kept(self):
+        await self.write(2)
+        await self.store.audit(AuditEntry("skill_started", skill_name="slow", detail="call=" + "a" * 32 + " pid=1 start=1"))
+        [started] = self.attacker.ids()[-1:]
+        await self.write(2)
+        [[now]] = self.sql("SELECT clock_timestamp()")
+        _, pruned = await audit.prune(self.store, now)
+        self.assertEqual(pruned.count, 2)
+        self.assertEqual(self.attacker.ids()[0], started)
+        self.assertEqual([row.id for row in await self.store.unfinished_calls()], [started])
+        self.assertTrue((await self.check()).intact)
+
+
 class CommandTest(unittest.IsolatedAsyncioTestCase):
     """`ias run` writes keyed rows; `ias audit --verify` (a real process) finds the attacks."""
 
@@ -375,6 +491,10 @@ class CommandTest(unittest.IsolatedAsyncioTestCase):
     def ias(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
                               env=self.env, cwd=self.tmp, timeout=60, stdin=subprocess.DEVNULL)
+
+    def now(self) -> str:
+        """The database's clock as an ISO time."""
+        return self.attacker.conn.execute("SELECT clock_timestamp() AS now").fetchone()["now"].isoformat()
 
     async def write_rows(self) -> list[int]:
         """Two calls through `ias run`, then rows from a store keyed as the commands key theirs."""
@@ -409,6 +529,29 @@ class CommandTest(unittest.IsolatedAsyncioTestCase):
         verify = self.ias("audit", "--verify")
         self.assertEqual(verify.returncode, 1, verify.stdout)
         self.assertIn(f"row {ids[-1]} is missing", verify.stdout)
+
+    async def test_prune_before_a_date_keeps_the_rest_verifiable(self):
+        await self.write_rows()
+        self.assertEqual(self.ias("audit", "--prune-before", "2000-01-01").stdout,
+                         "audit log: no row older than 2000-01-01T00:00:00+08:00; nothing pruned\n")
+        future = self.ias("audit", "--prune-before", "2999-01-01")
+        self.assertEqual(future.returncode, 2)
+        self.assertIn("is in the future", future.stderr)
+        pruned = self.ias("audit", "--prune-before", self.now())
+        self.assertEqual(pruned.returncode, 0, pruned.stderr)
+        self.assertRegex(pruned.stdout, r"^audit log: 7 rows older than .* removed \(up to row \d+\); a keyed "
+                                        r"checkpoint keeps the rest verifiable \(7 rows pruned in all\)\n$")
+        verify = self.ias("audit", "--verify")
+        self.assertEqual((verify.returncode, verify.stdout), (0, f"audit log: chain intact (1 rows; 7 older rows "
+                                                                f"pruned, checkpoint at row {pruned.stdout.split('row ')[1].split(')')[0]})\n"))
+
+    async def test_a_broken_log_is_not_pruned_by_the_command(self):
+        ids = await self.write_rows()
+        self.attacker.run("DELETE FROM audit_log WHERE id = %s", (ids[3],))
+        pruned = self.ias("audit", "--prune-before", self.now())
+        self.assertEqual(pruned.returncode, 1)
+        self.assertIn("nothing pruned", pruned.stderr)
+        self.assertEqual(len(self.attacker.ids()), 6)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 import unittest
 from pathlib import Path
 
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted
 
 
 class CliTestCase(unittest.TestCase):
@@ -56,7 +56,7 @@ class RunTest(CliTestCase):
         self.assertEqual(self.ias("run", "get_current_datetime", "{oops").returncode, 2)
 
     def test_high_skill_without_terminal_is_not_confirmed(self):
-        marker = self.tmp / "marker"
+        marker = granted("marker")
         result = self.ias("run", "mark_high", json.dumps({"marker": str(marker)}))
         self.assertEqual(result.returncode, 1)
         self.assertEqual(json.loads(result.stdout), {"success": False, "error": "用户没有确认操作：mark_high"})
@@ -64,7 +64,7 @@ class RunTest(CliTestCase):
         self.assertFalse(marker.exists())
 
     def test_high_skill_confirmed_on_the_terminal(self):
-        marker = self.tmp / "marker"
+        marker = granted("marker")
         out, code = self.confirm_on_terminal(marker)
         self.assertEqual(json.loads(out), {"success": True, "note": "typed"})
         self.assertEqual(marker.read_text(), "typed\n")
@@ -82,7 +82,7 @@ class RunTest(CliTestCase):
 
     def test_invalid_utf8_typed_at_the_prompt(self):
         """The terminal's console survives bytes that are not UTF-8, and the code still works."""
-        marker = self.tmp / "marker"
+        marker = granted("marker")
         out, _ = self.confirm_on_terminal(marker, junk=b"\xff\xfe \xe4\xbd\n")
         self.assertEqual(json.loads(out), {"success": True, "note": "typed"})
         self.assertEqual(marker.read_text(), "typed\n")

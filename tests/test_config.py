@@ -134,6 +134,15 @@ class DeliverySettingsTest(unittest.TestCase):
                          (72000.0, 5, 86400.0, 0.0))
         self.assertEqual((config.notify_email, config.notify_webhook_token), ("me@example.com", "t0k"))
 
+    def test_retention_days_default_toml_environment_and_bounds(self):
+        self.toml.write_text("retention_days = 30\n", encoding="utf-8")
+        self.assertEqual(load(environ={}).retention_days, 180)
+        self.assertEqual(load(self.toml, environ={}).retention_days, 30)
+        self.assertEqual(load(self.toml, environ={"IAS_RETENTION_DAYS": "365"}).retention_days, 365)
+        for bad in ("0", "1.5", "forever"):
+            with self.assertRaisesRegex(ConfigError, "IAS_RETENTION_DAYS"):
+                load(environ={"IAS_RETENTION_DAYS": bad})
+
     def test_a_webhook_body_template_must_be_a_json_object(self):
         template = '{"topic": "ias", "message": "{text}"}'
         self.assertEqual(load(environ={"IAS_NOTIFY_WEBHOOK_BODY": template}).notify_webhook_body, template)

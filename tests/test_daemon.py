@@ -16,10 +16,12 @@ from pathlib import Path
 
 import psycopg
 
-from ias.pgcluster import Cluster
+from ias.pgcluster import Cluster, find_bindir
 from ias.runner import identity
+from ias.store import AuditEntry
+from ias.unwritten import End
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, skill_pgid, with_env
 from tests.test_runner import running
 
 
@@ -92,7 +94,11 @@ if sys.argv[2] == "crash":
     async def crash(self):
         raise RuntimeError("scheduler exploded")
     scheduler.Scheduler.run = crash
-sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]))))
+options = {}
+if sys.argv[2] == "lowdisk":                # 1 % free under the data directory
+    from types import SimpleNamespace
+    options["statvfs"] = lambda path: SimpleNamespace(f_frsize=4096, f_blocks=1_000_000, f_bavail=10_000)
+sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]), **options)))
 """
 
 
@@ -155,7 +161,7 @@ class OnceTest(DaemonTestCase):
         self.assertTrue(json.loads(server.requests[1]["messages"][-1]["content"])["success"])
 
     def test_once_high_call_without_terminal_is_not_confirmed(self):
-        marker = self.tmp / "m"
+        marker = granted("m")
         with LLMServer([calls(("mark_high", {"marker": str(marker)})), text("没有确认")]) as server:
             result = self.ias("--once", "标记", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url})
         self.assertEqual(result.returncode, 0)
@@ -207,13 +213,13 @@ class DaemonTest(DaemonTestCase):
         try:
             proc = self.daemon(env={"NOTIFY_SOCKET": sock_path, "OPENAI_API_KEY": "sk-never-visible"})
             self.assertEqual(listener.recv(1024).split(b"\n")[0], b"READY=1")
-            pidfile = self.tmp / "pgid"
+            pidfile = granted("pgid")
             proc.stdin.write(f'/run sleepy {{"pidfile": "{pidfile}"}}\n')
             proc.stdin.flush()
             deadline = time.monotonic() + 20
             while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            pgid = int(pidfile.read_text())
+            pgid = skill_pgid(pidfile)      # the skill's own $$ is a pid of its sandbox
             self.assertTrue(alive_in_group(pgid))
             start = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -230,7 +236,7 @@ class DaemonTest(DaemonTestCase):
 
     def test_no_code_is_printed_to_a_console_without_a_terminal(self):
         proc = self.daemon()                      # stdout is a pipe here, the journal under systemd
-        marker = self.tmp / "m"
+        marker = granted("m")
         proc.stdin.write(f'/run mark_high {{"marker": "{marker}"}}\n')
         proc.stdin.flush()
         reply = "".join(proc.stdout.readline() for _ in range(4))
@@ -274,17 +280,13 @@ class FaultTest(DaemonTestCase):
         os.chmod(self.tmp, 0o755)       # an embedded cluster here runs as the postgres OS user under root
         self.env["IAS_SKILLS_DIR"] = str(FIXTURES / "daemon")
 
-    def pidfile(self, name: str = "pids") -> Path:
-        return self.tmp / f"{name}-{uuid.uuid4().hex[:6]}"
-
-    def start_nap(self, proc: subprocess.Popen) -> tuple[int, int]:
-        """/run nap on the daemon's console; (bash's pid, its child's pid) once it runs."""
-        pidfile = self.pidfile()
+    def start_nap(self, proc: subprocess.Popen) -> list[int]:
+        """/run nap on the daemon's console; once it runs, the host's pids of its processes (its sandbox's
+        bwrap, bash and the sleep: those given its pid file)."""
+        pidfile = granted("pids")
         self.say(proc, f'/run nap {{"pidfile": "{pidfile}"}}')
-        text = wait_until(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2 and pidfile.read_text(),
-                          what="the skill's pid file")
-        bash, child = map(int, text.split())
-        return bash, child
+        wait_until(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2, what="the skill's pid file")
+        return with_env(f"IAS_PARAM_PIDFILE={pidfile}")
 
     def throwaway_cluster(self, name: str) -> Cluster:
         cluster = Cluster(self.tmp / name, fsync=False)
@@ -299,10 +301,10 @@ class FaultTest(DaemonTestCase):
     def test_sigterm_mid_skill_records_skill_finished_every_time(self):
         for round_ in range(10):
             proc = self.daemon()
-            bash, child = self.start_nap(proc)
+            pids = self.start_nap(proc)
             proc.send_signal(signal.SIGTERM)
             self.assertEqual(proc.wait(timeout=15), 0, proc.stderr.read())
-            self.assertFalse(running(bash) or running(child), f"round {round_}: the skill outlived the daemon")
+            self.assertFalse(any(map(running, pids)), f"round {round_}: the skill outlived the daemon")
             proc.stdin.close()
         rows = self.audit_rows("skill_started", "skill_finished")
         started = [detail for event, _, detail in rows if event == "skill_started"]
@@ -311,14 +313,36 @@ class FaultTest(DaemonTestCase):
         self.assertEqual(sorted(started), sorted(finished))      # every call ended, and is matched by its tag
         self.assertEqual(list(os.listdir(self.tmp / "runs")), [])
 
+    def test_an_end_a_stopped_daemon_kept_is_written_at_start_never_interrupted(self):
+        first = self.daemon()                      # the schema; then the state a daemon stopped in an outage left
+        Lines(first.stderr).wait_for("iAs is running")
+        first.send_signal(signal.SIGTERM)
+        self.assertEqual(first.wait(timeout=10), 0)
+        pid, start = identity()
+        dead_tag = f"call={uuid.uuid4().hex} pid={pid} start={start + 1}"     # a process that is gone
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO audit_log (event, skill_name, detail, prev_hash, hash) "
+                         "VALUES ('skill_started', 'nap', %s, '', '')", (dead_tag,))
+        kept = self.tmp / "unwritten-ends.jsonl"
+        kept.write_text(End(AuditEntry("skill_finished", skill_name="nap", decision="auto", exit_code=0,
+                                       detail=dead_tag)).line())
+        proc = self.daemon()
+        Lines(proc.stderr).wait_for("iAs is running")
+        self.assertEqual(self.audit_rows("skill_started", "skill_finished", "skill_interrupted"),
+                         [("skill_started", None, dead_tag), ("skill_finished", "auto", dead_tag)])
+        self.assertFalse(kept.exists())
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0)
+
     def test_kill_9_mid_skill_then_start_records_interrupted_and_cleans_up(self):
         first = self.daemon()
-        bash, child = self.start_nap(first)
+        pids = self.start_nap(first)
         runs = self.tmp / "runs"
         self.assertEqual(len(os.listdir(runs)), 1)
         first.kill()
         first.wait(timeout=10)
-        wait_until(lambda: not running(bash), 5, "the skill's bash to die with the daemon (PDEATHSIG)")
+        # PDEATHSIG ends its bwrap, and with it the whole pid namespace of the sandbox
+        wait_until(lambda: not any(map(running, pids)), 5, "the skill to die with the daemon (PDEATHSIG)")
         # A one-off command that runs right now (this test process) must keep its run and its call.
         pid, start = identity()
         live_run = runs / f"run-{pid}-{start}-live"
@@ -330,7 +354,7 @@ class FaultTest(DaemonTestCase):
 
         second = self.daemon()
         Lines(second.stderr).wait_for("iAs is running")
-        self.assertFalse(running(child), "what the dead run left running was not ended")
+        self.assertFalse(any(map(running, pids)), "what the dead run left running was not ended")
         self.assertEqual(os.listdir(runs), [live_run.name])
         rows = self.audit_rows("skill_started", "skill_finished", "skill_interrupted")
         dead_tag = rows[0][2]
@@ -356,6 +380,44 @@ class FaultTest(DaemonTestCase):
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=20), 0, log.text())
         self.assertNotIn("Traceback", log.text())
+
+    def test_a_pg_ctl_restart_costs_at_most_2_s_after_the_server_is_ready(self):
+        datadir = self.tmp / "data" / "pg"
+        proc = self.daemon(env={"IAS_DATABASE_URL": "", "IAS_DATA_DIR": str(self.tmp / "data")}, driver=(30, "normal"))
+        self.addCleanup(self.stop_embedded, datadir)
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        log.wait_for("iAs is running", timeout=60)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。")
+        before = len(log.lines)
+        restart = subprocess.Popen([str(find_bindir() / "pg_ctl"), "restart", "-D", str(datadir), "-m", "fast", "-w",
+                                    "-l", str(datadir / "server.log")], cwd="/", user=datadir.stat().st_uid,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.procs.append(restart)
+        self.say(proc, "/reset")                  # in the outage (the router answers it at once, see below)
+        self.assertEqual(restart.wait(timeout=60), 0, restart.stderr.read())    # nobody fought the restart
+        ready = time.monotonic()
+        # The monitor saw the outage and is back within 2 s of the server's readiness; the next message is answered.
+        log.wait_for("database reachable again", timeout=2, start=log.wait_for("database lost", start=before))
+        self.assertLess(time.monotonic() - ready, 2)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。", timeout=max(0.1, ready + 2.5 - time.monotonic()), start=2)
+        lines = "".join(log.lines[before:])
+        self.assertNotIn("embedded PostgreSQL started", lines)      # iAs started no server of its own
+        self.assertNotIn("pg_ctl failed", lines)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0, log.text())
+        self.assertNotIn("Traceback", log.text())
+
+    def test_low_disk_space_is_told_to_the_owner_once(self):
+        proc = self.daemon(driver=(30, "lowdisk"))
+        log, out = Lines(proc.stderr), Lines(proc.stdout)
+        out.wait_for("磁盘空间不足：数据目录所在分区仅剩 1.0%（可用 39.1 MB，共 3.8 GB；", timeout=30)
+        self.say(proc, "/reset")
+        out.wait_for("对话记录已清空。")
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0, log.text())
+        self.assertEqual(len([line for line in out.lines if "磁盘空间不足" in line]), 1)
 
     def stop_embedded(self, datadir: Path) -> None:
         cluster = Cluster(datadir)

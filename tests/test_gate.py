@@ -12,6 +12,7 @@ import time
 import unittest
 import uuid
 from pathlib import Path
+from unittest import mock
 
 from ias.approval import Approvals
 from ias.audit import REDACTED, redact
@@ -20,8 +21,9 @@ from ias.gate import NOT_SAVED, Gate
 from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
-from ias.store import Store
-from tests.support import FIXTURES, FakeOwner, GateTestCase, test_chain, until
+from ias.store import AuditEntry, Store
+from ias.unwritten import FILE, End
+from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env
 from tests.test_runner import running
 
 
@@ -39,23 +41,25 @@ class FinishTest(GateTestCase):
     user_skills = FIXTURES / "daemon"
 
     async def approved_nap(self, gate: Gate, approvals: Approvals, owner: FakeOwner):
-        """Start nap_high through `gate`, confirm it, wait until it runs; (task, bash pid, wake file)."""
-        pidfile, wake = self.tmp / f"pid-{uuid.uuid4().hex[:6]}", self.tmp / f"wake-{uuid.uuid4().hex[:6]}"
+        """Start nap_high through `gate`, confirm it, wait until it runs; (task, the host pids of its processes,
+        wake file)."""
+        pidfile, wake = granted("pid"), granted("wake")
         call = asyncio.create_task(gate.call("owner", "nap_high", {"pidfile": str(pidfile), "wake": str(wake)},
                                              owner.notify))
         self.assertEqual(await approvals.redeem("owner", await owner.code()), "已确认，正在执行：nap_high")
-        return call, int(await wait_for_text(pidfile)), wake
+        await wait_for_text(pidfile)
+        return call, with_env(f"IAS_PARAM_PIDFILE={pidfile}"), wake
 
     def finish_rows(self) -> list[tuple]:
         return self.sql("SELECT event, decision, detail FROM audit_log WHERE event LIKE 'skill_%%' ORDER BY id")
 
     async def test_a_cancelled_turn_still_records_the_end_and_the_result(self):
-        call, bash, _ = await self.approved_nap(self.gate, self.approvals, self.owner)
+        call, pids, _ = await self.approved_nap(self.gate, self.approvals, self.owner)
         call.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await call
         self.assertTrue(await self.gate.drain(5))
-        await until(lambda: not running(bash), 5)      # SIGKILL was sent; its delivery takes a moment
+        await until(lambda: not any(map(running, pids)), 5)      # SIGKILL was sent; its delivery takes a moment
         (started, _, tag), (finished, decision, tag2) = self.finish_rows()
         self.assertEqual((started, finished, decision, tag2), ("skill_started", "skill_finished", "cancelled", tag))
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], interrupted("nap_high"))
@@ -72,21 +76,93 @@ class FinishTest(GateTestCase):
                          [("skill_started", "approved"), ("skill_finished", "approved")])
         self.assertEqual(self.sql("SELECT result FROM pending_approvals")[0][0], {"success": True, "output": "woke\n"})
 
-    async def test_when_the_store_refuses_the_owner_is_told_the_call_ran(self):
+    async def private_cluster(self, fsync: bool = False) -> tuple[Cluster, Store]:
         root = Path(tempfile.mkdtemp(prefix="ias-gate-pg-"))
         os.chmod(root, 0o755)
         self.addCleanup(shutil.rmtree, root, True)
-        cluster = Cluster(root / "pg", fsync=False)
+        cluster = Cluster(root / "pg", fsync=fsync)
         store = await Store.open(cluster.start(), chain=test_chain(self))
         self.addCleanup(cluster.stop)
         self.addAsyncCleanup(store.close)
+        return cluster, store
+
+    async def test_when_the_store_refuses_the_owner_is_told_the_call_ran(self):
+        cluster, store = await self.private_cluster()
         other = self.build(store=store)
         owner = FakeOwner()
         call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
-        os.kill(int((root / "pg" / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
+        os.kill(int((cluster.datadir / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
         wake.touch()
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
         self.assertEqual(owner.messages[-1], NOT_SAVED.format(name="nap_high"))
+
+    async def test_an_end_refused_during_an_outage_is_written_when_the_database_returns(self):
+        cluster, store = await self.private_cluster(fsync=True)      # skill_started survives the kill -9
+        other = self.build(store=store)
+        owner = FakeOwner()
+        call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        await until(lambda: not running(postmaster), 10)
+        wake.touch()
+        self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})   # not held up
+        self.assertEqual(owner.messages[-1], NOT_SAVED.format(name="nap_high"))
+        self.assertFalse(await other.gate.drain(0.3))      # the end is still kept, waiting for the database
+        await asyncio.to_thread(cluster.start)
+        self.assertTrue(await other.gate.drain(10))        # written once the database is back
+        rows = [(r.event, r.decision) for r in await store.audit_rows(20) if r.event.startswith("skill_")]
+        self.assertEqual(sorted(rows), [("skill_finished", "approved"), ("skill_started", "approved")])
+        self.assertEqual([a.result for a in await store.approvals(include_closed=True)],
+                         [{"success": True, "output": "woke\n"}])
+        self.assertEqual(await store.unfinished_calls(), [])    # so no later start takes it for interrupted
+        self.assertEqual(await other.gate.record_interrupted(), 0)
+
+    async def test_an_end_kept_past_a_daemon_stop_is_written_by_the_next_start_never_interrupted(self):
+        cluster, store = await self.private_cluster(fsync=True)
+        other = self.build(store=store)
+        owner = FakeOwner()
+        pid, start = identity()
+        dead = f"call={uuid.uuid4().hex} pid={pid} start={start + 1}"   # as seen by the next start: a dead process
+        with mock.patch("ias.gate.call_tag", return_value=dead):
+            call, _, wake = await self.approved_nap(other.gate, other.approvals, owner)
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        await until(lambda: not running(postmaster), 10)
+        wake.touch()
+        self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
+        self.assertFalse(await other.gate.drain(0.3))
+        kept = other.gate.unwritten.path = self.tmp / FILE          # as run_daemon sets it
+        self.assertEqual(other.gate.unwritten.save(), 1)          # the daemon stops before the database returns
+        self.assertEqual(kept.stat().st_mode & 0o777, 0o600)
+        await asyncio.to_thread(cluster.start)
+        fresh = await Store.open(cluster.dsn, chain=test_chain(self))
+        self.addAsyncCleanup(fresh.close)
+        following = self.build(store=fresh)                        # the next daemon start
+        following.gate.unwritten.path = kept
+        self.assertEqual(await following.gate.unwritten.replay(), 1)
+        self.assertEqual(await following.gate.record_interrupted(), 0)
+        self.assertEqual(await following.gate.unwritten.replay(), 0)
+        self.assertFalse(kept.exists())
+        rows = [(r.event, r.decision, r.detail) for r in await fresh.audit_rows(20) if r.event.startswith("skill_")]
+        self.assertEqual(rows, [("skill_started", "approved", dead), ("skill_finished", "approved", dead)])
+        self.assertEqual([a.result for a in await fresh.approvals(include_closed=True)],
+                         [{"success": True, "output": "woke\n"}])
+
+    def test_a_kept_end_reads_back_as_it_was_written(self):
+        approval = uuid.uuid4()
+        entry = AuditEntry("skill_finished", user_id="owner", skill_name="nap_high", risk="High", approval_id=approval,
+                           decision="approved", exit_code=0, duration_ms=12, output_size=5, truncated=False,
+                           detail="call=x pid=1 start=2")
+        end = End(entry, approval, {"success": True, "output": "好\ud800\n"})
+        self.assertEqual(End.parse(end.line()), end)
+        self.assertEqual(End.parse(End(None, approval, {"a": 1}).line()), End(None, approval, {"a": 1}))
+
+    async def test_a_damaged_kept_file_is_logged_and_dropped(self):
+        kept = self.gate.unwritten.path = self.tmp / FILE
+        kept.write_text("not json\n")
+        with self.assertLogs("ias.unwritten", "ERROR"):
+            self.assertEqual(await self.gate.unwritten.replay(), 0)
+        self.assertFalse(kept.exists())
 
     async def test_calls_of_dead_processes_are_recorded_as_interrupted_once(self):
         pid, start = identity()

@@ -17,25 +17,39 @@ from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
-from tests.support import FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fresh_schema_dsn, until
+from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
+                           granted, until, with_env)
 
 
 
 class McpTestCase(GateTestCase):
     """The gate over tests/fixtures/mcp (servers `demo` and `picky`); the server's events in self.events."""
-    user_skills = FIXTURES / "mcp"
     extra_env: dict = {}
 
+    async def asyncSetUp(self) -> None:
+        self.user_skills = fixture_copy(self, "mcp")       # with tests/servers/mcp.py in each server's directory
+        self.log = granted("events")                        # the servers' ## Sandbox grants GRANTS
+        await super().asyncSetUp()
+
     def runner_environ(self) -> dict[str, str]:
-        return {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(self.tmp / "events"), **self.extra_env}
+        return {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(self.log), **self.extra_env}
+
+    def server_pids(self) -> list[int]:
+        """The host's pids of the running servers' processes (bwrap and the server: their own pids, which the
+        event log shows, are those of their sandboxes)."""
+        return with_env(f"MCP_TEST_LOG={self.log}")
+
+    def server_python(self) -> list[int]:
+        """The host's pids of the servers' Python processes."""
+        return [pid for pid in self.server_pids() if b"mcp.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and b"bwrap" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
     async def asyncTearDown(self) -> None:
         await self.app.mcp.close()
         await super().asyncTearDown()
 
     def events(self) -> list[str]:
-        path = self.tmp / "events"
-        return path.read_text().splitlines() if path.exists() else []
+        return self.log.read_text().splitlines() if self.log.exists() else []
 
     def started(self) -> list[list[str]]:
         return [line.split()[1:] for line in self.events() if line.startswith("start ")]
@@ -73,7 +87,7 @@ class ListingTest(McpTestCase):
         self.assertEqual(allowed["picky__wipe"].risk, "low")
 
     async def test_no_page_is_asked_for_past_the_listing_byte_limit(self):
-        big = self.tmp / "big.json"
+        big = granted("big.json")         # the server reads it: GRANTS
         big.write_text(json.dumps([{"name": f"big{i}", "description": "x" * 200_000} for i in range(30)]))
         self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(big)}))
         records = capture_logs(self)
@@ -90,7 +104,7 @@ class ListingTest(McpTestCase):
         tools, problems = await self.app.mcp.check("demo")
         self.assertEqual(tools, [])
         self.assertIn("speaks protocol revision '1999-01-01'", problems[0])
-        self.assertTrue(problems[0].startswith(f"{FIXTURES / 'mcp' / 'demo' / 'SKILL.md'}:5: "), problems[0])
+        self.assertTrue(problems[0].startswith(f"{self.user_skills / 'demo' / 'SKILL.md'}:5: "), problems[0])
         # Its cached tools are still listed, and fail clearly; the other server's work.
         result = await self.gate.call("owner", "demo__echo", {"text": "x"})
         self.assertEqual(result["success"], False)
@@ -226,7 +240,7 @@ class FirstListingTest(McpTestCase):
     async def test_a_new_server_version_is_high_against_the_cached_list(self):
         await self.app.mcp.check("demo")                                   # cached: the first listing of what follows
         await self.app.mcp.close()
-        newer = self.tmp / "newer.json"
+        newer = granted("newer.json")      # the server reads it: GRANTS
         newer.write_text(json.dumps([
             {"name": "echo", "description": "Echo the text.", "inputSchema": {**json.loads(json.dumps(
                 {"type": "object", "properties": {"text": {"type": "string"}, "to": {"type": "string"}},
@@ -244,7 +258,7 @@ class FirstListingTest(McpTestCase):
                          [Change("demo__add", MODIFIED), Change("demo__echo", MODIFIED), Change("demo__later", ADDED)])
 
     async def test_a_fan_out_schema_is_refused_in_a_worker_thread_and_the_loop_keeps_ticking(self):
-        hostile = self.tmp / "hostile.json"
+        hostile = granted("hostile.json")
         hostile.write_text(json.dumps([{"name": f"fan{i}", "inputSchema": fan_out()} for i in range(2)]))
         self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(hostile)}))
         gaps: list[float] = []
@@ -281,31 +295,34 @@ class FirstListingTest(McpTestCase):
 
 class LifecycleTest(McpTestCase):
     def alive(self, pid: int) -> bool:
+        """Running: a zombie left to a container's init that never reaps (a sandbox's orphaned init) is gone."""
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+        except OSError:
             return False
-        return True
 
     async def test_own_group_scrubbed_env_and_stop(self):
         await self.app.mcp.check("demo")
-        pid, pgid, home = self.started()[0]
-        self.assertEqual(pid, pgid)                                         # its own process group
+        _pid, _pgid, home = self.started()[0]
+        pids = self.server_pids()
+        groups = {os.getpgid(pid) for pid in pids}
+        self.assertEqual(len(groups), 1)                                    # its own process group,
+        self.assertIn(groups.pop(), pids)                                   # led by its sandbox
         self.assertTrue(home.startswith(str(self.tmp / "runs")))
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"/proc/{self.server_python()[0]}/environ", "rb") as f:
             names = {item.split(b"=", 1)[0].decode() for item in f.read().split(b"\0") if item}
         self.assertNotIn("IAS_DATABASE_URL", names)
         self.assertIn("MCP_TEST_LOG", names)
         await self.app.mcp.close()
         self.assertIn("stdin closed", self.events())                        # asked politely first
-        self.assertFalse(self.alive(int(pid)))
-        self.assertFalse(Path(home).exists())
+        self.assertEqual([pid for pid in pids if self.alive(pid)], [])
+        self.assertFalse(Path(home).exists(), home)
 
     async def test_sigterm_when_stdin_is_not_enough(self):
         self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_IGNORE_TERM": "1"}))
         servers = Servers(self.registry, self.runner, self.tmp / "mcp", stop_grace=0.1)
         await servers.check("demo")
-        pid = int(self.started()[0][0])
+        pid = self.server_python()[0]
         os.kill(pid, signal.SIGSTOP)             # it cannot read stdin, and it ignores SIGTERM: only SIGKILL ends it
         await servers.close()
         self.assertFalse(self.alive(pid))
@@ -315,14 +332,13 @@ class LifecycleTest(McpTestCase):
         servers.keep()
         try:
             await until(lambda: len(self.started()) == 2)                  # demo and picky at start
-            pid = int(self.started()[0][0])
+            pid = self.server_python()[0]
             os.kill(pid, 9)
             await until(lambda: len(self.started()) == 3)
             self.assertFalse(self.alive(pid))                               # reaped
         finally:
             await servers.close()
-        for pid, _, _ in self.started():
-            self.assertFalse(self.alive(int(pid)))
+        self.assertEqual(self.server_pids(), [])
 
 
 class SkillFileTest(unittest.TestCase):
@@ -455,8 +471,9 @@ class CliTest(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-mcp-cli-"))
+        self.log = granted("events")
         self.env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": str(self.tmp),
-                    "IAS_SKILLS_DIR": str(FIXTURES / "mcp"), "MCP_TEST_LOG": str(self.tmp / "events")}
+                    "IAS_SKILLS_DIR": str(fixture_copy(self, "mcp")), "MCP_TEST_LOG": str(self.log)}
         self.env.pop("IAS_CONFIG", None)
 
     def tearDown(self):
@@ -480,12 +497,11 @@ class CliTest(unittest.TestCase):
         self.assertRegex(self.ias("skills").stdout, r"demo__echo\s+user\s+low\s+10s\s+demo")
         run = self.ias("run", "demo__echo", '{"text": "hi"}')
         self.assertEqual((run.returncode, json.loads(run.stdout)), (0, {"success": True, "output": "hi"}), run.stderr)
-        events = (self.tmp / "events").read_text().splitlines()
+        events = self.log.read_text().splitlines()
         starts = [line.split()[1] for line in events if line.startswith("start ")]
         self.assertEqual(len(starts), 3)                  # check: demo, picky; run: demo
         self.assertEqual(events.count("stdin closed"), 3)  # every command stopped what it started
-        for pid in starts:
-            self.assertFalse(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text())
+        self.assertEqual(with_env(f"MCP_TEST_LOG={self.log}"), [])
 
     def test_run_starts_a_server_never_listed(self):
         run = self.ias("run", "picky__echo", '{"text": "first"}')

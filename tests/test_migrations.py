@@ -140,6 +140,21 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.trigger_states(dsn), ["D", "D"])             # an admin's choice stays
         self.assertEqual([row.event for row in await store.audit_rows()], ["daemon_start"])
 
+    async def test_version_4_finds_the_calls_in_flight_of_an_existing_log(self):
+        """The calls a version-3 log left unfinished are found after the upgrade (without the log)."""
+        dsn, _ = self.schema()
+        sql(dsn, migrations.VERSION_TABLE)
+        for version, step in enumerate(migrations.MIGRATIONS[:3], 1):
+            sql(dsn, step)
+            sql(dsn, "INSERT INTO schema_version (version) VALUES (%s)", (version,))
+        tags = [f"call={i:032x} pid=1 start=1" for i in range(4)]
+        for event, tag in (("skill_started", tags[0]), ("skill_started", tags[1]), ("skill_finished", tags[0]),
+                           ("skill_started", tags[2]), ("skill_interrupted", tags[2]), ("skill_started", tags[3]),
+                           ("skill_started", "no tag")):
+            sql(dsn, "INSERT INTO audit_log (event, detail, prev_hash, hash) VALUES (%s, %s, '', '')", (event, tag))
+        store = await self.open(dsn)
+        self.assertEqual([row.detail for row in await store.unfinished_calls()], [tags[1], tags[3]])
+
     async def test_some_of_the_tables_without_a_version_is_refused_untouched(self):
         dsn, name = self.schema()
         sql(dsn, "CREATE TABLE messages (id integer)")
@@ -167,8 +182,10 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         await self.open(migrated_dsn)
         sql(whole_dsn, (REPO / "schema.sql").read_text())
         built, described = await asyncio.to_thread(catalog, migrated), await asyncio.to_thread(catalog, whole)
-        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 3)   # the query sees them (+ version, outbox, inbound)
-        self.assertEqual([row[0] for row in built["functions"]], ["audit_refuse", "scheduled_tasks_notify"])
+        # the query sees them (+ version, outbox, calls_in_flight, audit_checkpoint, inbound)
+        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 5)
+        self.assertEqual([row[0] for row in built["functions"]],
+                         ["audit_calls_in_flight", "audit_refuse", "scheduled_tasks_notify"])
         for kind in CATALOG:
             self.assertEqual(built[kind], described[kind], kind)
         self.assertEqual(self.versions(migrated_dsn), self.versions(whole_dsn))

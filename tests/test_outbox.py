@@ -8,18 +8,20 @@ import re
 import subprocess
 import sys
 from datetime import datetime, timedelta
+from unittest import mock
 
 from ias.channels.console import ConsoleChannel
 from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
+from ias import limits
 from ias.config import mail_server
 from ias.cron import TZ
 from ias.ilink import Credentials
 from ias.llm import LLM
 from ias.notifiers import Email, Fallback, Notice, WeComRobot, Webhook
-from ias.outbox import Outbox
+from ias.outbox import BACKLOG_NOTE, IN_DOUBT, Outbox
 from ias.scheduler import Scheduler, add_task
 from tests.servers.ilink import ILinkServer
-from tests.servers.llm import LLMServer, calls, text
+from tests.servers.llm import LLMServer, calls, stall, text
 from tests.servers.mail import SMTPServer
 from tests.servers.webhook import WebhookServer, WeComServer
 from tests.support import REPO, FakeChannel, GateTestCase, capture_logs, until
@@ -390,3 +392,140 @@ class CommandTest(OutboxTestCase):
         self.assertEqual(self.task_runs(task.id)[0].delivery, "queued")
         everything = await asyncio.to_thread(ias, "outbox", "--all")
         self.assertIn("该喝水了", everything.stdout)
+
+
+class SendAndMarkTest(OutboxTestCase):
+    """A send and its "sent" mark are not split; a send that got no answer is not repeated soon."""
+
+    async def test_a_send_that_answers_after_the_client_timeout_is_not_sent_again_while_it_may_land(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.channel.send_timeout = 0.3
+        self.ilink.send_replies = [{"ret": 0, "hold": 1.0}]        # lands at once, answers after 1 s
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "慢的回答"), "queued")
+        [row] = await self.store.queued()
+        self.assertEqual((row.reason, row.attempts), (IN_DOUBT, 1))
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "下一条"), "delivered")   # what follows goes on
+        for minutes in (1, 2, 5, 9):
+            self.clock.at = DAY1 + timedelta(minutes=minutes)
+            await self.outbox.tick()
+        self.assertEqual(texts(self.ilink).count("慢的回答"), 1)
+        self.clock.at = DAY1 + timedelta(seconds=limits.OUTBOX_UNKNOWN_WAIT + 60)
+        await self.outbox.tick()                                    # then once more, under the same client_id
+        again = [m["client_id"] for m in self.ilink.sent if m["item_list"][0]["text_item"]["text"] == "慢的回答"]
+        self.assertEqual(len(again), 2)
+        self.assertEqual(again[0], again[1])
+        self.assertEqual(await self.store.queued(), [])
+
+    async def test_a_cancelled_send_is_finished_and_marked_before_the_cancel_completes(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.ilink.send_replies = [{"ret": 0, "hold": 0.5}]
+        sending = asyncio.create_task(self.outbox.send(self.ilink.owner, "停机时的回答"))
+        await until(lambda: "停机时的回答" in texts(self.ilink))
+        sending.cancel()                                            # shutdown cancels the turn mid-send
+        with self.assertRaises(asyncio.CancelledError):
+            await sending
+        self.assertEqual(self.sql("SELECT state FROM outbox WHERE text = %s", ("停机时的回答",)), [("sent",)])
+
+    async def test_a_stop_past_the_grace_leaves_the_part_in_doubt_not_sent_again_at_the_next_start(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.ilink.send_replies = [{"ret": 0, "hold": 1.0}]
+        with mock.patch.object(limits, "OUTBOX_SEND_GRACE", 0.1):
+            sending = asyncio.create_task(self.outbox.send(self.ilink.owner, "停机时的回答"))
+            await until(lambda: "停机时的回答" in texts(self.ilink))
+            sending.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await sending
+        await self.channel.stop()
+        self.restart()                                              # the next start
+        self.clock.at += timedelta(minutes=1)
+        await self.outbox.tick()
+        self.assertEqual(texts(self.ilink).count("停机时的回答"), 1)
+
+
+class RepliesFirstTest(OutboxTestCase):
+    async def test_twenty_queued_reminders_wait_behind_the_answer_and_are_summarised_in_one_line(self):
+        await self.start()
+        for i in range(20):                                         # the window is shut: they queue
+            self.assertEqual(await self.outbox.send(self.ilink.owner, f"提醒{i}", kind="reminder", due=self.clock.at),
+                             "queued")
+        await self.owner_writes("/help", answers=2)
+        first, summary = texts(self.ilink)
+        self.assertIn("/reset", first)                              # the answer to their question comes first
+        self.assertEqual(summary, BACKLOG_NOTE.format(count=20))
+        self.assertEqual(summary, "还有 20 条消息待发送，回复「继续」查看")
+        await self.owner_writes("继续", answers=8)
+        self.assertEqual(texts(self.ilink)[2:], [f"提醒{i}" for i in range(7)] + [BACKLOG_NOTE.format(count=13)])
+        await self.owner_writes("/help", answers=2)                 # a new question: its answer first again
+        self.assertIn("/reset", texts(self.ilink)[-2])
+        self.assertEqual(texts(self.ilink)[-1], BACKLOG_NOTE.format(count=13))
+
+    async def test_a_backlog_that_fits_follows_the_answer_and_nothing_goes_while_the_answer_is_awaited(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.clock.at += timedelta(days=1)                          # the window shut
+        for i in range(3):
+            await self.outbox.send(self.ilink.owner, f"提醒{i}", kind="reminder", due=self.clock.at)
+        before = len(self.ilink.sent)
+        for question in ("今天天气怎么样", "明天呢"):                 # two questions in a row
+            self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, question))
+        self.channel._peers[self.ilink.owner].last_inbound = self.clock()     # what the channel records
+        await self.outbox.tick()                                    # the turns still run: nothing goes
+        self.assertEqual(len(self.ilink.sent), before)
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "晴，25 度。"), "delivered")
+        self.assertEqual(texts(self.ilink)[before:], ["晴，25 度。"])             # the second answer is still due
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "多云。"), "delivered")
+        self.assertEqual(texts(self.ilink)[before:], ["晴，25 度。", "多云。", "提醒0", "提醒1", "提醒2"])
+
+    async def test_what_waits_is_held_for_an_answer_that_never_comes_only_so_long(self):
+        await self.start()
+        await self.outbox.send(self.ilink.owner, "提醒", kind="reminder", due=self.clock.at)
+        self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, "你好"))
+        self.channel._peers[self.ilink.owner].last_inbound = self.clock()
+        await self.outbox.tick()
+        self.assertEqual(self.ilink.sent, [])                       # its turn failed without a queued answer
+        later = self.outbox.monotonic() + limits.OUTBOX_ANSWER_HOLD
+        self.outbox.monotonic = lambda: later
+        await self.outbox.tick()
+        self.assertEqual(texts(self.ilink), ["提醒"])
+
+    async def test_a_400000_character_reply_is_at_most_20_parts_and_does_not_hold_up_the_next_answer(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.assertEqual(await self.outbox.send(self.ilink.owner, "长" * 400_000), "queued")
+        rows = self.sql("SELECT text FROM outbox WHERE text LIKE '长%%' OR text LIKE '（%%' ORDER BY id")
+        self.assertEqual(len(rows), limits.OUTBOX_PARTS_MAX)
+        self.assertEqual(rows[-1], ("（内容过长，其余 324000 字未发送）",))
+        self.assertEqual({len(text) for (text,) in rows[:-1]}, {4000})
+        self.assertEqual(texts(self.ilink)[1:], ["长" * 4000] * 6 + [BUDGET_NOTE])     # 7 of 8 left after /help
+        await self.owner_writes("/skills", answers=2)               # its answer goes before the 14 parts left
+        self.assertIn("mark_high", texts(self.ilink)[-2])
+        self.assertEqual(texts(self.ilink)[-1], BACKLOG_NOTE.format(count=14))
+
+
+class TaskLaneTest(OutboxTestCase):
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.llm_server = LLMServer([stall()]).__enter__()         # the first task's turn never ends
+        self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
+        self.restart()
+
+    async def asyncTearDown(self):
+        await self.scheduler.stop()
+        await super().asyncTearDown()
+        await self.llm.close()
+        await asyncio.to_thread(self.llm_server.__exit__)
+
+    async def test_a_hundred_due_prompt_tasks_do_not_make_the_owners_message_wait(self):
+        for i in range(100):
+            await add_task(self.store, self.ilink.owner, f"任务{i}", "0 6 * * *", "prompt", f"问题{i}", now=DAY1)
+        self.scheduler = Scheduler(self.store, self.router.run_task, now=self.clock.now)
+        await self.start()
+        self.clock.at = DAY1 + timedelta(hours=1)
+        self.assertEqual(len(await self.scheduler.tick()), 100)
+        await until(lambda: self.llm_server.requests)               # a task's turn is running (and stays)
+        await self.owner_writes("/help")
+        self.assertIn("/reset", texts(self.ilink)[-1])
+        self.assertEqual(len(self.llm_server.requests), 1)          # the tasks still wait in their own lane

@@ -62,6 +62,24 @@ def wait_gone(pid: int, timeout: float = 10) -> None:
     raise AssertionError(f"process {pid} still alive")
 
 
+def wait_until(predicate, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+class CountingCluster(Cluster):
+    """A cluster that counts the `pg_ctl start`s it runs."""
+    starts = 0
+
+    def _run(self, *args, **options):
+        if args[:2] == ("pg_ctl", "start"):
+            self.starts += 1
+        return super()._run(*args, **options)
+
+
 class ClusterCase(unittest.TestCase):
     """A fresh data directory per test, and iAs-like processes that use it."""
 
@@ -186,6 +204,67 @@ class ClusterTestCase(ClusterCase):
                 conn.execute("SELECT count(*) FROM generate_series(1, 20000000)")
         except psycopg.OperationalError:
             pass
+
+    def test_a_restart_by_someone_else_is_waited_for_never_fought(self):
+        cluster = CountingCluster(self.datadir, fsync=False)
+        dsn = cluster.start()
+        cluster.starts = 0
+        before = self.postmaster()
+        held = psycopg.connect(dsn, autocommit=True)    # a smart restart stays "stopping" while it is open
+        restart = subprocess.Popen([str(find_bindir() / "pg_ctl"), "restart", "-D", str(self.datadir), "-m", "smart",
+                                    "-w", "-l", str(self.datadir / "server.log")], cwd="/",
+                                   user=self.datadir.stat().st_uid, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.procs.append(restart)
+        wait_until(lambda: (cluster._postmaster() or (0, ""))[1] == "stopping")
+        returned = []
+        starting = threading.Thread(target=lambda: returned.append((cluster.start(), time.monotonic())))
+        starting.start()
+        time.sleep(0.5)
+        self.assertTrue(starting.is_alive())            # waiting for the server, not starting one
+        held.close()
+        self.assertEqual(restart.wait(timeout=60), 0, restart.stderr.read())      # the restart was not fought
+        ready = time.monotonic()
+        starting.join(timeout=30)
+        self.assertEqual(returned[0][0], dsn)
+        self.assertLess(returned[0][1], ready + 1.0)
+        self.assertEqual(cluster.starts, 0)
+        self.assertNotEqual(self.postmaster(), before)
+        self.assertTrue(self.answers())
+        cluster.stop()
+
+    def test_a_stop_by_someone_else_is_followed_by_one_start(self):
+        cluster = CountingCluster(self.datadir, fsync=False)
+        cluster.start()
+        cluster.starts = 0
+        held = psycopg.connect(cluster.dsn, autocommit=True)
+        stop = subprocess.Popen([str(find_bindir() / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", "smart", "-w"],
+                                cwd="/", user=self.datadir.stat().st_uid, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        self.procs.append(stop)
+        wait_until(lambda: (cluster._postmaster() or (0, ""))[1] == "stopping")
+        starting = threading.Thread(target=cluster.start)
+        starting.start()
+        time.sleep(0.3)
+        held.close()
+        self.assertEqual(stop.wait(timeout=60), 0)
+        starting.join(timeout=30)
+        self.assertEqual(cluster.starts, 1)             # after the stop, and only once
+        self.assertTrue(self.answers())
+        cluster.stop()
+
+    def test_the_generated_settings_bound_the_wal(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.start()
+        try:
+            settings = (self.datadir / "ias.conf").read_text()
+            self.assertIn("max_wal_size = 256MB", settings)
+            with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+                wal = conn.execute("SELECT setting::bigint * pg_size_bytes('1' || unit) FROM pg_settings "
+                                   "WHERE name IN ('max_wal_size', 'min_wal_size') ORDER BY name").fetchall()
+            self.assertLessEqual(wal[0][0], 256 * 2 ** 20)
+            self.assertLessEqual(wal[1][0], 32 * 2 ** 20)
+        finally:
+            cluster.stop()
 
     def test_stop_without_start_leaves_the_server_alone(self):
         user = self.user()

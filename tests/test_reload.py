@@ -13,7 +13,7 @@ from ias.changes import ADDED, LOWERED, MODIFIED, Change
 from ias.llm import LLM
 from ias.registry import load_registry
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs
+from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs, granted
 from tests.test_daemon import DaemonTestCase, Lines
 
 SKILL = """# {title}
@@ -36,10 +36,12 @@ SKILL = """# {title}
 
 
 def write(root: Path, name: str, description: str = "Says hello.", script: str = "echo hello", risk: str = "Low",
-          broken: bool = False) -> Path:
+          broken: bool = False, sandbox: str = "") -> Path:
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     body = SKILL.format(title=name, description=description, script=script, risk=risk)
+    if sandbox:
+        body += f"\n## Sandbox\n{sandbox}\n"
     if broken:
         body = body.replace('"object"', '"object",')       # invalid JSON in ## Parameters
     (directory / "SKILL.md").write_text(body, encoding="utf-8")
@@ -208,11 +210,12 @@ class DaemonReloadTest(GateTestCase):
         self.server.assert_complete()
 
     async def test_a_pending_approval_keeps_the_version_it_was_asked_for(self):
-        write(self.user_dir, "stamp", script='echo v1 >> "$IAS_PARAM_MARKER"', risk="High")
+        grant = f"- write: {self.marker.parent}"       # GRANTS, where the marker is
+        write(self.user_dir, "stamp", script='echo v1 >> "$IAS_PARAM_MARKER"', risk="High", sandbox=grant)
         self.registry.reload()
         call = asyncio.create_task(self.gate.call("owner", "stamp", {"marker": str(self.marker)}, self.owner.notify))
         code = await self.owner.code()
-        write(self.user_dir, "stamp", script='echo v2 >> "$IAS_PARAM_MARKER"', risk="High")
+        write(self.user_dir, "stamp", script='echo v2 >> "$IAS_PARAM_MARKER"', risk="High", sandbox=grant)
         self.assertTrue(self.registry.reload())
         await self.approvals.redeem("owner", code)
         self.assertTrue((await call)["success"])
@@ -299,7 +302,7 @@ class RunningDaemonTest(DaemonTestCase):
     def test_a_skill_lowered_while_running_asks_for_the_code_until_a_restart(self):
         skills = self.tmp / "skills"
         shutil.copytree(FIXTURES / "gate", skills)
-        marker = self.tmp / "marker"
+        marker = granted("marker")        # where mark_high's ## Sandbox lets it write
         proc = self.daemon(env={"IAS_SKILLS_DIR": str(skills)})
         log, out = Lines(proc.stderr), Lines(proc.stdout)
         log.wait_for("iAs is running")

@@ -17,7 +17,7 @@ from ias.router import DB_DOWN, HELD, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, until
+from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, granted, until
 
 
 class RouterTestCase(GateTestCase):
@@ -297,7 +297,7 @@ class OrderTest(RouterTestCase):
 
     async def test_a_code_reaches_the_approval_a_turn_waits_for_with_more_turns_queued_behind_it(self):
         self.jitter("queued", "enqueue")
-        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        pidfile, wake = granted("pid"), granted("wake")
         first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
         await until(pidfile.exists)
         second = self.deliver(f'/run mark_high {json.dumps({"marker": str(self.marker)})}')
@@ -315,7 +315,7 @@ class OrderTest(RouterTestCase):
         self.assertEqual(self.runs(), 1)
 
     async def test_one_turn_at_a_time_per_user_and_users_do_not_wait_for_each_other(self):
-        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        pidfile, wake = granted("pid"), granted("wake")
         first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
         await until(pidfile.exists)
         second = self.deliver("/help")                  # the owner again: waits for the first turn
@@ -332,7 +332,7 @@ class OrderTest(RouterTestCase):
 
 class ShutdownTest(RouterTestCase):
     async def test_cancelling_leaves_no_line_behind(self):
-        pidfile, wake = self.tmp / "pid", self.tmp / "wake"
+        pidfile, wake = granted("pid"), granted("wake")
         first = self.deliver(f'/run wait_low {json.dumps({"pidfile": str(pidfile), "wake": str(wake)})}')
         await until(pidfile.exists)
         queued = [self.deliver(line) for line in ("/help", "123456", "/skills")]

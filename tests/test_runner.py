@@ -20,8 +20,9 @@ from unittest import mock
 from ias import results, runner as runner_module, schema
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
 from ias.runner import Runner, RunResult
+from ias.sandbox import Policy
 from ias.skills import Skill
-from tests.support import until
+from tests.support import until, with_env
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
@@ -29,14 +30,15 @@ BASH_ADDS = {"PWD", "SHLVL", "_"}   # what bash puts into its children's environ
 GRACE = 0.3
 
 
-def fixture_skill(name: str, *, timeout: float = 10.0, env: tuple[str, ...] = ()) -> Skill:
-    """A Skill for tests/fixtures/runner/NAME, its script taken from the ```bash block of its SKILL.md."""
+def fixture_skill(name: str, *, timeout: float = 10.0, env: tuple[str, ...] = (), write: tuple[str, ...] = ()) -> Skill:
+    """A Skill for tests/fixtures/runner/NAME, its script taken from the ```bash block of its SKILL.md;
+    `write`: the paths its `## Sandbox` grants (where a test reads back what it did)."""
     directory = FIXTURES / name
     text = (directory / "SKILL.md").read_text(encoding="utf-8")
     execute = re.search(r"^## Execute\n```bash\n(.*?)^```", text, re.M | re.S).group(1)
     return Skill(name=name, title=name, description="", risk="low", parameters={"type": "object"},
                  execute=execute, timeout=timeout, env=env, directory=directory,
-                 validator=schema.compile({"type": "object"}))
+                 validator=schema.compile({"type": "object"}), sandbox=Policy(write=write))
 
 
 def live_in_group(pgid: int) -> list[int]:
@@ -77,6 +79,7 @@ async def wait_for_file(path: Path, timeout: float = 5.0) -> str:
 
 
 class RunnerTest(unittest.IsolatedAsyncioTestCase):
+    maxDiff = None
 
     def setUp(self):
         tmp = tempfile.TemporaryDirectory(prefix="ias-runner-test-")
@@ -84,12 +87,17 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.tmp = Path(tmp.name)
         self.out = self.tmp / "out"
         self.out.mkdir()
+        self.out.chmod(0o777)       # the skill runs as nobody when the tests run as root
         self.run_dir = self.tmp / "state" / "runs"
         self.runner = self.make_runner()
 
     def make_runner(self, **kwargs) -> Runner:
         kwargs.setdefault("environ", {"PATH": os.environ["PATH"]})
         return Runner(repo_root=REPO, run_dir=self.run_dir, kill_grace=GRACE, **kwargs)
+
+    def skill(self, name: str, **kwargs) -> Skill:
+        """fixture_skill(NAME), granted `- write: <self.out>` (where the tests read back what it did)."""
+        return fixture_skill(name, write=(str(self.out),), **kwargs)
 
     def echoed(self, name: str) -> bytes:
         return (self.out / name).read_bytes()
@@ -106,7 +114,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_parameters_reach_stdin_and_environment(self):
         params = {"out_dir": str(self.out), "count": 3, "ratio": 2.5, "flag": True, "off": False,
                   "nothing": None, "obj": {"a": [1, "é"]}, "list": [1, 2], "weird-key.x": "v", "ünï": "u"}
-        result = await self.runner.run(fixture_skill("echo_back"), params)
+        result = await self.runner.run(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(results.of_run(result), {"success": True, "echoed": True})
         text = json.dumps(params, ensure_ascii=False).encode()
@@ -129,7 +137,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         params = {"out_dir": str(self.out)}
         params.update((f"p{i}", value) for i, value in enumerate(corpus))
         params[f"key; touch {marker}"] = "k"
-        result = await self.runner.run(fixture_skill("echo_back"), params)
+        result = await self.runner.run(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         text = json.dumps(params, ensure_ascii=False)
         self.assertEqual(self.echoed("stdin"), text.encode())
@@ -146,7 +154,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         params = {"out_dir": str(self.out), "big": big, "nul": "a\0b", "lone": "\ud800",
                   "edge_ok": "y" * ENV_VALUE_MAX, "edge_over": "y" * (ENV_VALUE_MAX + 1),
                   "a-b": "1", "a_b": "2", "small": "s"}
-        result = await self.runner.run(fixture_skill("echo_back"), params)
+        result = await self.runner.run(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         stdin = self.echoed("stdin")
         self.assertEqual(stdin, json.dumps(params).encode())   # a lone surrogate forces ASCII escapes
@@ -158,7 +166,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_parameter_variables_stay_under_the_total_cap(self):
         params = {"out_dir": str(self.out)}
         params.update((f"p{i}", chr(ord("a") + i % 26) * 60_000) for i in range(40))   # 2.4 MB > ARG_MAX
-        result = await self.runner.run(fixture_skill("echo_back"), params)
+        result = await self.runner.run(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(self.echoed("stdin"), json.dumps(params).encode())
         echoed = self.echoed_params()
@@ -171,14 +179,14 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_big_stdin_is_written_while_output_is_read(self):
         params = {"mode": "cat_stdin", "blob": "汉" * 300_000}   # 900 KB echoed back through a 64 KiB pipe
-        result = await asyncio.wait_for(self.runner.run(fixture_skill("outputs"), params), 10)
+        result = await asyncio.wait_for(self.runner.run(self.skill("outputs"), params), 10)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.stdout, json.dumps(params, ensure_ascii=False))
         self.assertFalse(result.overflowed)
 
     async def test_script_need_not_read_stdin(self):
         params = {"mode": "ignore_stdin", "blob": "z" * 2_000_000}
-        result = await asyncio.wait_for(self.runner.run(fixture_skill("outputs"), params), 10)
+        result = await asyncio.wait_for(self.runner.run(self.skill("outputs"), params), 10)
         self.assertEqual((result.exit_code, result.stdout), (0, "ignored\n"))
 
     # Environment, HOME, cwd
@@ -188,7 +196,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
                    "IAS_DATABASE_URL": "postgresql://secret", "QWEATHER_API_KEY": "qw-key",
                    "HOME": "/root", "LANG": "de_DE.UTF-8"}
         self.runner = self.make_runner(environ=environ, python="/opt/py/bin/python3")
-        skill = fixture_skill("echo_back", env=("QWEATHER_API_KEY", "NOT_SET_ANYWHERE", "HOME", "LANG"))
+        skill = self.skill("echo_back", env=("QWEATHER_API_KEY", "NOT_SET_ANYWHERE", "HOME", "LANG"))
         result = await self.runner.run(skill, {"out_dir": str(self.out), "q": "1"})
         self.assertEqual(result.exit_code, 0, result.stderr)
         given = parse_env(self.echoed("environ"))   # what bash was started with, exactly
@@ -200,7 +208,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
             "IAS_PARAMS": params_text, "IAS_PARAM_OUT_DIR": str(self.out), "IAS_PARAM_Q": "1",
             "IAS_PYTHON": "/opt/py/bin/python3", "IAS_HOME": str(REPO),
             "PYTHONPATH": str(REPO / "resources" / "lib"), "PYTHONDONTWRITEBYTECODE": "1",
-            "QWEATHER_API_KEY": "qw-key"})
+            "QWEATHER_API_KEY": "qw-key", "PWD": str(FIXTURES / "echo_back")})    # PWD: bwrap's, the cwd
         seen = parse_env(self.echoed("env0"))   # what a command inside the script sees
         self.assertEqual(set(seen), set(given) | BASH_ADDS)
         for secret in ("OPENAI_API_KEY", "NOTIFY_SOCKET", "IAS_DATABASE_URL"):
@@ -210,7 +218,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         secrets = {"OPENAI_API_KEY": "sk-test", "NOTIFY_SOCKET": "@ias-notify", "QWEATHER_API_KEY": "qw-key"}
         with mock.patch.dict(os.environ, secrets):
             self.runner = self.make_runner(environ=None)
-            result = await self.runner.run(fixture_skill("echo_back", env=("QWEATHER_API_KEY",)),
+            result = await self.runner.run(self.skill("echo_back", env=("QWEATHER_API_KEY",)),
                                            {"out_dir": str(self.out)})
         self.assertEqual(result.exit_code, 0, result.stderr)
         seen = parse_env(self.echoed("env0"))
@@ -221,15 +229,17 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_default_path_when_the_daemon_has_none(self):
         self.runner = self.make_runner(environ={})
-        await self.runner.run(fixture_skill("echo_back"), {"out_dir": str(self.out)})
+        await self.runner.run(self.skill("echo_back"), {"out_dir": str(self.out)})
         self.assertEqual(parse_env(self.echoed("environ"))["PATH"], "/usr/local/bin:/usr/bin:/bin")
 
     async def test_home_is_private_and_removed_and_cwd_is_the_skill_directory(self):
-        result = await self.runner.run(fixture_skill("echo_back"), {"out_dir": str(self.out)})
+        result = await self.runner.run(self.skill("echo_back"), {"out_dir": str(self.out)})
         self.assertEqual(result.exit_code, 0, result.stderr)
         home, mode = self.echoed("home").decode().splitlines()
         self.assertEqual(Path(home).parent, self.run_dir)
-        self.assertEqual(mode, "700")
+        # A tmpfs of the skill's own mount namespace (nobody else sees it); as root the skill runs as nobody,
+        # and bwrap cannot give a tmpfs an owner: sticky and open to the sandbox's only user.
+        self.assertEqual(mode, "1777" if os.getuid() == 0 else "700")
         self.assertFalse(os.path.exists(home), "HOME (with files in it) was not removed")
         self.assertEqual(stat.S_IMODE(self.run_dir.stat().st_mode), 0o700)
         self.assertEqual(self.echoed("cwd").decode().strip(), str((FIXTURES / "echo_back").resolve()))
@@ -238,9 +248,13 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     # Timeout and shutdown
 
     async def test_timeout_kills_the_whole_group(self):
-        pidfile = self.tmp / "pids"
+        pidfile = self.out / "pids"
         t0 = time.monotonic()
-        result = await self.runner.run(fixture_skill("sleeper"), {"pidfile": str(pidfile)}, timeout=1)
+        task = asyncio.create_task(self.runner.run(self.skill("sleeper"), {"pidfile": str(pidfile)}, timeout=1))
+        _pid, _child, home = (await wait_for_file(pidfile)).split()
+        pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")      # bash and its sleeps, as the host sees them
+        group = os.getpgid(pids[0])
+        result = await task
         elapsed = time.monotonic() - t0
         self.assertTrue(result.timed_out)
         self.assertGreaterEqual(elapsed, 1 + GRACE - 0.05)
@@ -248,25 +262,27 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(result.exit_code, -signal.SIGKILL)   # bash ignores SIGTERM too
         self.assertEqual(result.timeout, 1.0)
         self.assertEqual(results.of_run(result), {"success": False, "error": "技能执行超时（1s）：sleeper"})
-        pgid, child, home = pidfile.read_text().split()
-        self.assertEqual(live_in_group(int(pgid)), [])
-        self.assertFalse(running(int(child)), "the background sleep survived")
+        self.assertEqual(live_in_group(group), [])
+        self.assertEqual([pid for pid in pids if running(pid)], [], "the background sleep survived")
         self.assertFalse(os.path.exists(home))
         self.assert_no_runs_left()
 
     async def test_skill_timeout_applies_when_none_is_given(self):
-        skill = fixture_skill("sleeper", timeout=0.5)
-        result = await self.runner.run(skill, {"pidfile": str(self.tmp / "pids"), "ignore_term": False})
+        skill = self.skill("sleeper", timeout=0.5)
+        result = await self.runner.run(skill, {"pidfile": str(self.out / "pids"), "ignore_term": False})
         self.assertTrue(result.timed_out)
         self.assertEqual(result.exit_code, -signal.SIGTERM)
         self.assertEqual(results.of_run(result)["error"], "技能执行超时（0.5s）：sleeper")
 
     async def test_kill_all_ends_every_run(self):
-        files = [self.tmp / "a", self.tmp / "b"]
-        tasks = [asyncio.create_task(self.runner.run(fixture_skill("sleeper", timeout=60),
+        files = [self.out / "a", self.out / "b"]
+        tasks = [asyncio.create_task(self.runner.run(self.skill("sleeper", timeout=60),
                                                      {"pidfile": str(f), "ignore_term": ignore}))
                  for f, ignore in zip(files, (True, False))]
-        pids = [(await wait_for_file(f)).split() for f in files]
+        for f in files:
+            await wait_for_file(f)
+        pids = [with_env(f"IAS_PARAM_PIDFILE={f}") for f in files]
+        groups = [os.getpgid(p[0]) for p in pids]
         self.assertEqual(self.runner.running, 2)
         t0 = time.monotonic()
         await self.runner.kill_all()
@@ -276,54 +292,59 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual((stubborn.exit_code, polite.exit_code), (-signal.SIGKILL, -signal.SIGTERM))
         self.assertFalse(stubborn.timed_out or polite.timed_out)
         self.assertEqual(results.of_run(polite)["exit_code"], -signal.SIGTERM)
-        for pgid, child, _home in pids:
-            self.assertEqual(live_in_group(int(pgid)), [])
-            self.assertFalse(running(int(child)))
+        for group, members in zip(groups, pids):
+            self.assertEqual(live_in_group(group), [])
+            self.assertFalse(any(map(running, members)))
         self.assert_no_runs_left()
 
     async def test_cancelled_run_kills_its_group_and_cleans_up(self):
-        pidfile = self.tmp / "pids"
-        task = asyncio.create_task(self.runner.run(fixture_skill("sleeper", timeout=60), {"pidfile": str(pidfile)}))
-        pgid, child, home = (await wait_for_file(pidfile)).split()
+        pidfile = self.out / "pids"
+        task = asyncio.create_task(self.runner.run(self.skill("sleeper", timeout=60), {"pidfile": str(pidfile)}))
+        _pid, _child, home = (await wait_for_file(pidfile)).split()
+        pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")
+        group = os.getpgid(pids[0])
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
-        await until(lambda: not live_in_group(int(pgid)))     # SIGKILL delivered; the child watcher reaps bash
-        self.assertEqual(live_in_group(int(pgid)), [])
-        self.assertFalse(running(int(child)))
+        await until(lambda: not live_in_group(group))     # SIGKILL delivered; the child watcher reaps bash
+        self.assertEqual(live_in_group(group), [])
+        self.assertFalse(any(map(running, pids)))
         self.assertFalse(os.path.exists(home))
         self.assert_no_runs_left()
 
     async def test_leftover_processes_are_ended_when_the_script_exits(self):
-        pidfile = self.tmp / "pids"
-        result = await self.runner.run(fixture_skill("outputs"), {"mode": "leftover", "pidfile": str(pidfile)})
+        pidfile = self.out / "pids"
+        result = await self.runner.run(self.skill("outputs"), {"mode": "leftover", "pidfile": str(pidfile)})
         self.assertEqual((result.exit_code, result.stdout), (0, "ok\n"))
         self.assertLess(result.duration, 1.5)
-        pgid, child = pidfile.read_text().split()
-        self.assertFalse(running(int(child)), "the background sleep outlived its run")
-        self.assertEqual(live_in_group(int(pgid)), [])
+        self.assertEqual(with_env(f"IAS_PARAM_PIDFILE={pidfile}"), [], "the background sleep outlived its run")
 
-    async def test_process_that_leaves_the_group_does_not_hang_the_run(self):
-        pidfile = self.tmp / "pid"
-        self.addCleanup(self._kill_escapee, pidfile)
+    async def test_process_that_leaves_the_group_does_not_outlive_the_run(self):
+        pidfile = self.out / "pid"
+        marker = f"IAS_PARAM_PIDFILE={pidfile}"
+        self.addCleanup(_kill_marked, marker)
         with mock.patch.object(runner_module, "DRAIN_TIMEOUT", 0.3):
-            result = await asyncio.wait_for(self.runner.run(fixture_skill("escapee"), {"pidfile": str(pidfile)}), 5)
+            result = await asyncio.wait_for(self.runner.run(self.skill("escapee"), {"pidfile": str(pidfile)}), 5)
         self.assertEqual((result.exit_code, result.stdout, result.timed_out), (0, "done\n", False))
         self.assertLess(result.duration, 2)
+        self.assertEqual(with_env(marker), [], "the setsid child outlived the call (sandboxed: its pid namespace ends)")
 
-    @staticmethod
-    def _kill_escapee(pidfile: Path):
-        if pidfile.exists():
-            try:
-                os.kill(int(pidfile.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    async def test_unconfined_process_that_leaves_the_group_does_not_hang_the_run(self):
+        pidfile = self.out / "pid"
+        marker = f"IAS_PARAM_PIDFILE={pidfile}"
+        self.addCleanup(_kill_marked, marker)
+        skill = replace(self.skill("escapee"), sandbox=Policy(unconfined=True))
+        with mock.patch.object(runner_module, "DRAIN_TIMEOUT", 0.3):
+            result = await asyncio.wait_for(self.runner.run(skill, {"pidfile": str(pidfile)}), 5)
+        self.assertEqual((result.exit_code, result.stdout, result.timed_out), (0, "done\n", False))
+        self.assertLess(result.duration, 2)
 
     # Output
 
     async def test_output_flood_is_capped_without_growing_memory(self):
         baseline = _reset_peak_rss()
-        result = await self.runner.run(fixture_skill("flood"), {})
+        tag = uuid.uuid4().hex
+        result = await self.runner.run(self.skill("flood"), {"tag": tag})
         growth = _peak_rss() - baseline
         self.assertTrue(result.overflowed)
         self.assertFalse(result.timed_out)
@@ -333,12 +354,12 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertLess(result.output_size, 50_000_000)
         self.assertEqual(results.of_run(result), {"success": False, "error": "技能输出超过上限（1 MiB），已终止：flood",
                                            "truncated": True})
-        self.assertEqual(live_in_group(int(result.stderr.split()[0])), [])
+        self.assertEqual(with_env(f"IAS_PARAM_TAG={tag}"), [])
         self.assertLess(growth, 10 * 1024 * 1024, f"peak RSS grew by {growth} bytes")
         self.assert_no_runs_left()
 
     async def test_large_output_is_truncated_on_a_utf8_boundary(self):
-        result = await self.runner.run(fixture_skill("outputs"), {"mode": "big_utf8"})
+        result = await self.runner.run(self.skill("outputs"), {"mode": "big_utf8"})
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.output_size, 2 + 99_999)
         self.assertEqual(result.stdout, "ab" + "汉" * 33_333)
@@ -358,14 +379,14 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
             "fail_long": {"success": False, "error": "e" * ERROR_TAIL, "exit_code": 5},
             "fail_silent": {"success": False, "error": "技能执行失败（退出码 6）：outputs", "exit_code": 6},
         }
-        runs = await asyncio.gather(*(self.runner.run(fixture_skill("outputs"), {"mode": m}) for m in cases))
+        runs = await asyncio.gather(*(self.runner.run(self.skill("outputs"), {"mode": m}) for m in cases))
         for (mode, expected), result in zip(cases.items(), runs):
             with self.subTest(mode=mode):
                 self.assertEqual(results.of_run(result), expected)
                 self.assertFalse(result.timed_out or result.overflowed)
 
     async def test_stderr_keeps_its_tail(self):
-        skill = replace(fixture_skill("outputs"),
+        skill = replace(self.skill("outputs"),
                         execute="head -c 200000 /dev/zero | tr '\\0' a >&2; printf END >&2; exit 1")
         result = await self.runner.run(skill, {})
         self.assertEqual(len(result.stderr), 64 * 1024)
@@ -386,7 +407,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_concurrent_runs_do_not_interfere(self):
         t0 = time.monotonic()
-        results = await asyncio.gather(*(self.runner.run(fixture_skill("outputs"),
+        results = await asyncio.gather(*(self.runner.run(self.skill("outputs"),
                                                          {"mode": "tag", "tag": f"run{i}", "code": i % 3})
                                          for i in range(8)))
         self.assertLess(time.monotonic() - t0, 8 * 0.3 * 0.6)
@@ -400,15 +421,23 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_spawn_failure_is_a_result(self):
         self.runner = self.make_runner(environ={"PATH": str(self.tmp / "no-bin")})
-        result = await self.runner.run(fixture_skill("outputs"), {"mode": "text"})
+        result = await self.runner.run(self.skill("outputs"), {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertTrue(result.stderr.startswith("spawn failed: No such file or directory"), result.stderr)
         self.assertEqual(results.of_run(result), {"success": False, "error": result.stderr, "exit_code": 127})
-        missing = replace(fixture_skill("outputs"), directory=self.tmp / "gone")
+        missing = replace(self.skill("outputs"), directory=self.tmp / "gone")
         result = await self.make_runner().run(missing, {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertIn("spawn failed", result.stderr)
         self.assert_no_runs_left()
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in with_env(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _peak_rss() -> int:

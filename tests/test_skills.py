@@ -388,7 +388,8 @@ class CliTest(unittest.TestCase):
         rows = {r["name"]: r for r in json.loads(result.stdout)}
         self.assertEqual(rows["get_current_datetime"]["source"], "system")
         self.assertEqual(rows["extra"], {"name": "extra", "source": "user", "risk": "low", "timeout": 7.0,
-                                         "overrides": False, "description": "用中文标题写的用户技能。"})
+                                         "overrides": False, "description": "用中文标题写的用户技能。",
+                                         "sandbox": "default"})
 
     def test_skills_show(self):
         result = ias("skills", "show", "get_current_datetime")

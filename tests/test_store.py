@@ -18,6 +18,7 @@ from ias.approval import canonical
 from ias.audit import verify
 from ias.errors import StoreError
 from ias.limits import STORED_JSON_DEPTH
+from ias.scheduler import prune_daily
 from ias.store import TOO_DEEP, Approval, AuditEntry, Store, storable
 from tests.servers.llm import calls, text
 from tests.support import REPO, FakeOwner, GateTestCase, StoreTestCase
@@ -299,6 +300,97 @@ class ApprovalTransitionsTest(StoreTestCase):
         self.assertEqual((after.status, after.attempts_left, after.consumed_at), ("pending", 3, None))
         self.assertEqual(len(await self.store.audit_rows()), 1)
         self.assertEqual((await self.store.approve(row, row.code_hash, self.entry(row, "approved"))).status, "approved")
+
+
+class RetentionTest(StoreTestCase):
+    """What is older than IAS_RETENTION_DAYS goes, daily; what is still pending stays."""
+
+    async def asyncSetUp(self) -> None:
+        await super().asyncSetUp()
+        self.now = datetime.now(timezone.utc)
+        self.old = self.now - timedelta(days=200)
+
+    async def outbox(self, state: str, at: datetime, task_run_id: int | None = None) -> int:
+        [row] = await self.store.enqueue("owner", "console", "task" if task_run_id else "reply",
+                                         [("hi", uuid.uuid4().hex)], at, at, task_run_id=task_run_id)
+        if state != "queued":
+            await self.store.settle([row.id], state, at)
+        return row.id
+
+    def run_row(self, task_id: int, slot: datetime, status: str = "ok", delivery: str | None = "delivered") -> int:
+        [[run_id]] = self.sql("INSERT INTO task_runs (task_id, slot, started_at, finished_at, status, delivery) "
+                              "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                              (task_id, slot, slot, None if status == "running" else slot, status, delivery))
+        return run_id
+
+    async def test_old_settled_history_is_removed_and_pending_kept(self):
+        await self.store.append_messages("owner", [{"role": "user", "content": "old"}])
+        self.sql("UPDATE messages SET at = %s", (self.old,))
+        await self.store.append_messages("owner", [{"role": "user", "content": "new"}])
+        sent_old, queued_old, expired_old = [await self.outbox(state, self.old) for state in ("sent", "queued", "expired")]
+        sent_new = await self.outbox("sent", self.now)
+        task = await self.store.add_task("owner", "t", "every 1h", "reminder", "x", None, self.old)
+        slots = [self.old + timedelta(hours=i) for i in range(5)]
+        done, running, undelivered, waiting, newest = (
+            self.run_row(task.id, slots[0]), self.run_row(task.id, slots[1], "running", None),
+            self.run_row(task.id, slots[2], delivery="queued"), self.run_row(task.id, slots[3]),
+            self.run_row(task.id, slots[4]))
+        queued_for_run = await self.outbox("queued", self.old, task_run_id=waiting)
+        handled_old, pending_old, handled_new = [await self.store.record_inbound("wechat", "owner", None, text)
+                                                 for text in ("handled", "pending", "new")]
+        for inbound_id in (handled_old, handled_new):
+            await self.store.finish_inbound(inbound_id)
+        self.sql("UPDATE inbound SET received_at = %s, done_at = %s WHERE id <> %s", (self.old, self.old, handled_new))
+        self.sql("UPDATE inbound SET done_at = NULL WHERE id = %s", (pending_old,))
+
+        removed = await self.store.prune_history(self.now - timedelta(days=180), batch=1)
+        self.assertEqual(removed, {"messages": 1, "outbox": 2, "task_runs": 1, "inbound": 1})
+        self.assertEqual([r[0] for r in self.sql("SELECT text FROM inbound ORDER BY id")], ["pending", "new"])
+        self.assertEqual([m["content"] for m in await self.store.recent_messages("owner", 10)], ["new"])
+        self.assertEqual(sorted(r[0] for r in self.sql("SELECT id FROM outbox")),
+                         sorted([queued_old, sent_new, queued_for_run]))
+        self.assertNotIn(sent_old, [r[0] for r in self.sql("SELECT id FROM outbox")])
+        self.assertNotIn(expired_old, [r[0] for r in self.sql("SELECT id FROM outbox")])
+        self.assertEqual(sorted(run.id for run in self.task_runs(task.id)), [running, undelivered, waiting, newest])
+        self.assertNotIn(done, [run.id for run in self.task_runs(task.id)])
+        self.assertEqual(await self.store.prune_history(self.now - timedelta(days=180)),
+                         {"messages": 0, "outbox": 0, "task_runs": 0, "inbound": 0})
+
+    async def test_the_daemon_job_prunes_at_start_then_daily_on_its_clock(self):
+        clock = [self.now]
+        slept: asyncio.Queue[float] = asyncio.Queue()
+        wake: asyncio.Queue[None] = asyncio.Queue()
+
+        async def sleep(seconds: float) -> None:
+            await slept.put(seconds)
+            await wake.get()
+        await self.store.append_messages("owner", [{"role": "user", "content": "ancient"}])
+        self.sql("UPDATE messages SET at = %s", (self.old,))
+        job = asyncio.create_task(prune_daily(self.store, 180, now=lambda: clock[0], sleep=sleep))
+        self.addCleanup(job.cancel)
+        self.assertEqual(await asyncio.wait_for(slept.get(), 10), 86400)
+        self.assertEqual(self.sql("SELECT count(*) FROM messages"), [(0,)])
+        await self.store.append_messages("owner", [{"role": "user", "content": "179 days old"}])
+        self.sql("UPDATE messages SET at = %s", (self.now - timedelta(days=179),))
+        clock[0] += timedelta(days=1)
+        wake.put_nowait(None)
+        await asyncio.wait_for(slept.get(), 10)
+        self.assertEqual(self.sql("SELECT count(*) FROM messages"), [(1,)])
+        clock[0] += timedelta(days=1)
+        wake.put_nowait(None)
+        await asyncio.wait_for(slept.get(), 10)
+        self.assertEqual(self.sql("SELECT count(*) FROM messages"), [(0,)])
+
+    async def test_calls_in_flight_are_found_without_the_log(self):
+        """unfinished_calls reads the calls in flight a trigger keeps as rows are appended, not the log."""
+        tags = [f"call={i:032x} pid=1 start=1" for i in range(3)]
+        for tag in tags:
+            await self.store.audit(AuditEntry("skill_started", skill_name="s", detail=tag))
+        await self.store.audit(AuditEntry("skill_finished", skill_name="s", detail=tags[0]))
+        await self.store.audit(AuditEntry("skill_interrupted", skill_name="s", detail=tags[2]))
+        await self.store.audit(AuditEntry("skill_started", skill_name="s", detail="not a call tag"))
+        self.assertEqual([row.detail for row in await self.store.unfinished_calls()], [tags[1]])
+        self.assertEqual(self.sql("SELECT call FROM calls_in_flight"), [(tags[1],)])
 
 
 class ConnectTest(unittest.IsolatedAsyncioTestCase):

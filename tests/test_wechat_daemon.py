@@ -23,7 +23,7 @@ from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, until
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, granted, until
 
 
 class WeChatTurnTest(GateTestCase):
@@ -157,7 +157,7 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         proc.stderr.close()
 
     def test_once_asks_for_confirmation_over_wechat(self):
-        marker = self.tmp / "m"
+        marker = granted("m")
         self.ilink.message("/help")                   # the owner wrote recently: inside the 24-hour window
         with LLMServer([calls(("mark_high", {"marker": str(marker), "note": "once"})), text("标记完成。")]) as llm:
             proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "--once", "标记一下"],
@@ -197,6 +197,26 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         self.assertIn("mark_high（高风险）", texts[1])
         resumed = self.ilink.calls("/ilink/bot/getupdates")[polls_before]
         self.assertEqual(resumed.body["get_updates_buf"], "buf-1")          # the stored cursor
+        self.assertEqual(self.ilink.problems, [])
+
+    def test_sigterm_while_a_reply_is_being_sent_waits_for_its_mark_and_never_sends_it_again(self):
+        first = self.daemon()
+        self.ilink.send_replies = [{"ret": 0, "hold": 2.0}]      # the reply lands; its answer comes 2 s later
+        self.ilink.message("/help")
+        self.wait_sent(1)
+        self.stop(first)                                        # SIGTERM between the post and its mark
+        with psycopg.connect(self.dsn) as conn:
+            states = conn.execute("SELECT state, client_id FROM outbox").fetchall()
+        self.assertEqual(states, [("sent", self.ilink.sent[0]["client_id"])])
+
+        second = self.daemon()
+        self.ilink.message("/skills")
+        self.wait_sent(2)
+        self.stop(second)
+        texts = [m["item_list"][0]["text_item"]["text"] for m in self.ilink.sent]
+        self.assertEqual(len(texts), 2, texts)
+        self.assertIn("/reset", texts[0])
+        self.assertIn("mark_high（高风险）", texts[1])
         self.assertEqual(self.ilink.problems, [])
 
     def test_sigterm_mid_turn_loses_nothing_and_the_restart_answers_both_once_in_order(self):

@@ -19,8 +19,9 @@ class Inbound:
 
 Deliver = Callable[[Inbound], Awaitable[None]]
 
-# What one `post` did: sent; refused until the owner writes (window shut, ret=-2); failed (retry later).
-SENT, SHUT, FAILED = "sent", "shut", "failed"
+# What one `post` did: sent; refused until the owner writes (window shut, ret=-2); failed (retry later);
+# unknown (no answer in time: it may still land, so not sent again soon).
+SENT, SHUT, FAILED, UNKNOWN = "sent", "shut", "failed", "unknown"
 
 
 class Channel(ABC):

@@ -31,7 +31,7 @@ from ..errors import IasError, StoreError
 from ..ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
 from ..outbox import split_text
-from .base import FAILED, SENT, SHUT, Channel, Deliver, Inbound
+from .base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class WeChatChannel(Channel):
     def __init__(self, store, credentials: Credentials, *, now: Callable[[], float] = time.time,
                  on_stale: Callable[[str], Awaitable[None]] | None = None,
                  retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY,
-                 window: float = limits.WECHAT_REPLY_WINDOW, budget: int = limits.WECHAT_SEND_BUDGET):
+                 window: float = limits.WECHAT_REPLY_WINDOW, budget: int = limits.WECHAT_SEND_BUDGET,
+                 send_timeout: float = limits.WECHAT_SEND_TIMEOUT):
         self.store = store
         self.credentials = credentials
         self.owner = credentials.owner
@@ -111,6 +112,7 @@ class WeChatChannel(Channel):
         self._backoff_delay = backoff_delay
         self.window = window
         self.budget = budget
+        self.send_timeout = send_timeout
         self._deliver: Deliver | None = None
         self._peers: dict[str, _Peer] = {}
         self._poller: asyncio.Task | None = None
@@ -318,13 +320,14 @@ class WeChatChannel(Channel):
         return left, "budget" if left == 0 else None
 
     async def post(self, user_id: str, text: str, client_id: str) -> str:
-        """One part for the outbox, with its stable client_id; counts against the budget when sent."""
+        """One part for the outbox, with its stable client_id; counts against the budget when sent (or when
+        it got no answer in time: UNKNOWN, it may have landed)."""
         if self.stale:
             return SHUT
         peer = await self._peer(user_id)
         async with peer.sending:
             outcome = await self._request(user_id, text, peer, client_id)
-            if outcome == SENT:
+            if outcome in (SENT, UNKNOWN):
                 peer.sent += 1
             elif outcome == SHUT and not self.stale:
                 age = self._now() - (peer.last_inbound or 0)
@@ -380,18 +383,19 @@ class WeChatChannel(Channel):
         return await self._request(user_id, text, peer, f"ias-{uuid.uuid4().hex}") == SENT
 
     async def _request(self, user_id: str, text: str, peer: _Peer, client_id: str) -> str:
-        """One sendmessage request: SENT (ret 0), SHUT (ret -2 or -14), FAILED (anything else)."""
+        """One sendmessage request: SENT (ret 0), SHUT (ret -2 or -14), UNKNOWN (no answer within the send
+        timeout: the service may still complete it), FAILED (anything else)."""
         message = {"from_user_id": "", "to_user_id": user_id, "client_id": client_id,
                    "message_type": BOT_MESSAGE, "message_state": FINISHED,
                    "item_list": [{"type": TEXT, "text_item": {"text": text}}]}
         if peer.context_token:
             message["context_token"] = peer.context_token
         try:
-            reply = await self._api.call(SEND_MESSAGE, {"msg": message}, limits.WECHAT_SEND_TIMEOUT)
+            reply = await self._api.call(SEND_MESSAGE, {"msg": message}, self.send_timeout)
         except TimeoutError:
-            log.warning("WeChat: sendmessage %s to %s timed out after %gs", client_id, user_id,
-                        limits.WECHAT_SEND_TIMEOUT)
-            return FAILED
+            log.warning("WeChat: sendmessage %s to %s got no answer within %gs (it may still land)", client_id,
+                        user_id, self.send_timeout)
+            return UNKNOWN
         except (OSError, WeChatError) as exc:
             log.warning("WeChat: sendmessage %s to %s failed: %s", client_id, user_id, exc)
             return FAILED

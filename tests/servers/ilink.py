@@ -10,7 +10,8 @@
 - `getupdates` takes the next scripted reply from `updates` if any (`{"http": 500}` for an
   HTTP error), else holds the request until the message log grows past the caller's cursor
   (`buf-<n>`) or `hold` passes. With `stale` set every authenticated call answers -14.
-- `sendmessage` records each `msg` in `sent` and answers the next of `send_replies`, else ret 0.
+- `sendmessage` records each `msg` in `sent` and answers the next of `send_replies`, else ret 0; a
+  reply with `hold` is answered that many seconds after the message was recorded (a slow service).
 - `raw`: while it holds byte strings, the next request of any kind is answered with the first of
   them, written verbatim, and the connection closed (for malformed or oversized responses).
 
@@ -234,7 +235,10 @@ class ILinkServer(JSONServer):
             return self._problem(f"sendmessage with {body!r}")
         with self._cond:
             self.sent.append(msg)
-            return self.send_replies.pop(0) if self.send_replies else {"ret": 0, "errmsg": ""}
+            reply = self.send_replies.pop(0) if self.send_replies else {"ret": 0, "errmsg": ""}
+        if reply.get("hold"):               # the message landed; the answer comes late
+            time.sleep(reply["hold"])
+        return {k: v for k, v in reply.items() if k != "hold"}
 
     # -- life -------------------------------------------------------------------------------
     def close(self) -> None:
