@@ -117,7 +117,7 @@ class Router:
                 if place is not None:
                     async with place:
                         await self._patiently(self._handle, recorded, channel)
-                await self.store.finish_inbound(recorded.inbound_id)     # when no reply marked it already
+                await self._finish(recorded)        # when no reply marked it handled already
         except asyncio.CancelledError:
             raise                       # shutdown: the message stays pending, replayed at the next start
         except StoreError as exc:
@@ -128,7 +128,7 @@ class Router:
         except Exception:
             log.exception("handling a message from %s on %s failed", message.user_id, message.channel)
             await _answer(channel, message.user_id, FAILED)
-            await self._give_up(message if recorded is None else recorded)
+            await self._finish(message if recorded is None else recorded)     # told: not replayed at every start
         finally:
             if held is not None:
                 held()
@@ -192,8 +192,8 @@ class Router:
             self._told.add(user_id)
             await _answer(channel, user_id, HELD)
 
-    async def _give_up(self, message: Inbound) -> None:
-        """A message whose handling failed (the owner was told): not replayed at every start."""
+    async def _finish(self, message: Inbound) -> None:
+        """Mark the message handled; if that fails it stays pending (replayed at the next start)."""
         if message.inbound_id is not None:
             try:
                 await self.store.finish_inbound(message.inbound_id)
@@ -282,8 +282,7 @@ class Router:
                 log.error("inbound message %d from %s was not finished by %d starts: given up", row.id, row.user_id,
                           row.replays)
                 await self.outbox.send(row.user_id, GIVEN_UP.format(n=row.replays, text=row.text[:50]),
-                                       channel.name, kind="notice")
-                await self.store.finish_inbound(row.id)
+                                       channel.name, kind="notice", inbound_id=row.id)
             else:
                 replayed.append(row)
         await self.store.count_replays([row.id for row in replayed])
