@@ -185,6 +185,8 @@ async def owner_approvals(config: Config, c: App) -> AsyncIterator[tuple[str, No
     async def answer(message: Inbound) -> None:
         reply = await c.approvals.redeem(message.user_id, message.text)
         await channel.send(message.user_id, reply or BUSY)
+        if message.inbound_id is not None:          # answered here: the daemon does not take it up later
+            await c.store.finish_inbound(message.inbound_id)
 
     async def notify(text: str) -> bool:
         return await channel.send(user, text)

@@ -178,6 +178,8 @@ class WeChatDaemonRestartTest(unittest.TestCase):
         self.assertEqual((proc.returncode, out), (0, "标记完成。\n"), err)
         self.assertEqual(marker.read_text(), "once\n")
         self.assertNotIn(code, out + err)
+        with psycopg.connect(self.dsn) as conn:       # answered by the command: not replayed by the next daemon
+            self.assertEqual(conn.execute("SELECT count(*) FROM inbound WHERE state = 'pending'").fetchone(), (0,))
 
     def test_restart_resumes_from_cursor_and_never_handles_a_message_twice(self):
         first = self.daemon()
