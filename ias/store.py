@@ -469,7 +469,9 @@ class Store:
 
     # -- audit ----------------------------------------------------------------------------
     async def audit(self, entry: AuditEntry) -> None:
-        async with self._tx() as conn:
+        # Pipelined: BEGIN goes with the lock and the chain read, COMMIT with the insert, so an
+        # audit row costs two round trips.
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
             head = await self._append(conn, entry)
         self._advance(head)
 
