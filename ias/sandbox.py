@@ -209,11 +209,8 @@ class Sandbox:
             uid, gid = self.account()
             args += [self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
                      "--bounding-set=-all", "--nnp", "--"]
-        return [*self._pdeathsig(), self._bwrap, *args, *argv]
-
-    def _pdeathsig(self) -> list[str]:
-        """bwrap dies with iAs (the skill dies with bwrap through --die-with-parent)."""
-        return [self._setpriv, "--pdeathsig", "KILL", "--"] if self._setpriv else []
+        # No setpriv --pdeathsig in front: --die-with-parent already kills the sandbox when iAs dies.
+        return [self._bwrap, *args, *argv]
 
     def _namespaces(self, policy: Policy) -> list[str]:
         if self.root:      # privileged bwrap: no user namespace (the skill's uid is a real one), caps for setpriv
