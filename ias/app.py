@@ -23,7 +23,7 @@ from .channels.wechat import WeChatChannel
 from .config import Config
 from .errors import IasError, StoreError
 from .gate import Gate
-from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
+from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL, WECHAT_FIRST_POLL_WAIT
 from .locks import FileLock
 from .monitor import DatabaseMonitor, DiskWatch
 from .notifiers import Fallback, configured
@@ -189,6 +189,7 @@ async def owner_approvals(config: Config, c: App) -> AsyncIterator[tuple[str, No
             await c.store.finish_inbound(message.inbound_id)
 
     async def notify(text: str) -> bool:
+        await channel.caught_up(WECHAT_FIRST_POLL_WAIT)     # the owner's waiting message opens the window
         return await channel.send(user, text)
     await channel.start(answer)
     try:

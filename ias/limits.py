@@ -76,6 +76,7 @@ TASK_REPLY_MAX = 4000               # characters of a task's reply kept in task_
 CRON_SEARCH_YEARS = 400             # years a cron search looks ahead (the Gregorian cycle) before "never fires"
 
 # WeChat (iLink)
+WECHAT_FIRST_POLL_WAIT = 3.0        # seconds a one-off command waits for messages already queued before it sends
 WECHAT_POLL_TIMEOUT = 35.0          # seconds the server may hold getupdates, until it announces another value
 WECHAT_POLL_TIMEOUT_MIN = 1.0       # seconds; an announced longpolling_timeout_ms is clamped to this range
 WECHAT_POLL_TIMEOUT_MAX = 120.0

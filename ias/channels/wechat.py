@@ -116,6 +116,7 @@ class WeChatChannel(Channel):
         self._deliver: Deliver | None = None
         self._peers: dict[str, _Peer] = {}
         self._poller: asyncio.Task | None = None
+        self._first_poll = asyncio.Event()              # the first getupdates has returned (or failed)
         self._notes: set[asyncio.Task] = set()          # our own sends (media notes): cancelled on stop
         self._deliveries: set[asyncio.Task] = set()     # the router's: it cancels turns itself
 
@@ -125,6 +126,14 @@ class WeChatChannel(Channel):
         self._deliver = deliver
         self._poller = asyncio.create_task(self._poll(), name="wechat-poll")
         self._poller.add_done_callback(self._finished)
+
+    async def caught_up(self, timeout: float) -> None:
+        """Wait at most `timeout` s for the first long poll to return: what was already waiting on the
+        server (the owner's latest message, which opens the window) is then known before sending."""
+        try:
+            await asyncio.wait_for(self._first_poll.wait(), timeout)
+        except TimeoutError:
+            pass                                # nothing was waiting: the server holds the poll
 
     async def watch(self) -> None:
         if self._poller is not None:
@@ -172,9 +181,12 @@ class WeChatChannel(Channel):
                 if marked:
                     await self.store.set_state(CHANNEL, STALE_MARK, None)
                     marked = False
+                self._first_poll.set()
             except TimeoutError:
+                self._first_poll.set()
                 continue                        # held longer than announced: an empty result
             except (OSError, IasError) as exc:
+                self._first_poll.set()
                 failures += 1
                 if failures >= limits.WECHAT_FAILURES_BEFORE_BACKOFF:
                     log.warning("WeChat: getupdates failed %d times in a row (%s); pausing %gs",
