@@ -26,7 +26,6 @@ from . import results, schema
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .builtins import Builtins
-from .errors import StoreError
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .runner import Runner, RunResult, alive, identity
 from .registry import Registry

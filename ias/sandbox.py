@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from .limits import SANDBOX_TMPFS_MAX
 
