@@ -76,7 +76,7 @@ class Agent:
     def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *, catalog: Catalog,
                  now: Callable[[], datetime] | None = None,
                  max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW,
-                 turn_timeout: float = TURN_TIMEOUT):
+                 turn_timeout: float = TURN_TIMEOUT, monitor=None):
         self.registry = registry
         self.catalog = catalog
         self.gate = gate
@@ -86,6 +86,7 @@ class Agent:
         self.max_rounds = max_rounds
         self.window = window
         self.turn_timeout = turn_timeout
+        self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
@@ -134,7 +135,10 @@ class Agent:
             reply = TURN_TIMEOUT_REPLY
         _answer_open_calls(new)
         new.append({"role": "assistant", "content": reply})
-        await self.store.append_messages(user_id, new)
+        if self.monitor is None:
+            await self.store.append_messages(user_id, new)
+        else:       # kept through an outage: the turn is not run again for it
+            await self.monitor.through(lambda: self.store.append_messages(user_id, new))
         return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,

@@ -113,7 +113,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
     mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
-    agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout)
+    agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
+                  monitor=monitor)
     router = outbox = None
     if channels:
         if primary is None:

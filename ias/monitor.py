@@ -21,13 +21,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from .errors import IasError, StoreError
 from .limits import DISK_CHECK_INTERVAL, DISK_LOW_SHARE, DB_LOST_LIMIT, DB_RESTART_MAX, DB_RETRY_FIRST, DB_RETRY_MAX
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class DatabaseMonitor:
@@ -62,14 +64,30 @@ class DatabaseMonitor:
         """A statement failed with a StoreError: check the database soon (returns at once)."""
         self._suspect.set()
 
-    async def settle(self) -> bool:
-        """Suspect the database and wait for the verdict; True when it was lost (and is back now)."""
-        before = self._outages
+    async def settle(self, since: int | None = None) -> bool:
+        """Suspect the database and wait for the verdict; True when it was lost (and is back now) — since
+        `outages` was `since`, when given (a statement that began before an outage and failed after it
+        ended is still the outage's)."""
+        before = self._outages if since is None else since
         self._checked.clear()
         self.suspect()
         await self._checked.wait()
         await self._available.wait()
         return self._outages != before
+
+    async def through(self, step: Callable[[], Awaitable[T]],
+                      waiting: Callable[[StoreError], Awaitable[object]] | None = None) -> T:
+        """`step()`, done again after each outage of the database it meets (`waiting` told of each first); a
+        StoreError that was no outage (the database is fine: an error of another kind) propagates."""
+        while True:
+            before = self._outages
+            try:
+                return await step()
+            except StoreError as exc:
+                if waiting is not None:
+                    await waiting(exc)
+                if not await self.settle(before):
+                    raise
 
     async def run(self) -> None:
         """Forever: wait for a suspicion, check it, and reconnect when the database is really gone."""

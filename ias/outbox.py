@@ -156,6 +156,7 @@ class Outbox:
         self.monotonic = monotonic
         self._awaiting: dict[str, tuple[int, float]] = {}   # user -> (answers awaited, held until: monotonic)
         self._answer: dict[str, set[int]] = {}      # user -> the parts of the answer to their latest message
+        self._unsettled: dict[int, datetime] = {}   # parts sent whose "sent" the database refused -> when sent
         self.keeper_asks = 0
 
     # -- queueing and delivering ------------------------------------------------------------
@@ -174,7 +175,12 @@ class Outbox:
         rows = await self.store.enqueue(user_id, name, kind, [(part, f"{message}.{i}") for i, part in
                                                                enumerate(parts, 1)], now, due or now, run_id,
                                        inbound_id)
-        sent = await self.flush(user_id, rows if kind == "reply" else None)
+        try:
+            sent = await self.flush(user_id, rows if kind == "reply" else None)
+        except StoreError as exc:       # queued for good: never queued twice by a caller that tries again
+            log.warning("outbox: %d parts for %s are queued; their delivery waits for the database: %s",
+                        len(rows), user_id, exc)
+            return "queued"
         return "delivered" if all(row.id in sent for row in rows) else "queued"
 
     def _lock(self, user_id: str) -> asyncio.Lock:
@@ -186,6 +192,7 @@ class Outbox:
         While the owner waits for an answer (they wrote; OUTBOX_ANSWER_HOLD at most), only answers go."""
         sent: set[int] = set()
         async with self._lock(user_id):
+            await self._settle_sent()
             awaited, until = self._awaiting.pop(user_id, (0, 0.0))
             if answer is not None:
                 awaited -= 1
@@ -268,7 +275,8 @@ class Outbox:
         await self.store.note_failure(row.id, IN_DOUBT, now + timedelta(seconds=limits.OUTBOX_UNKNOWN_WAIT))
         outcome = await channel.post(row.user_id, row.text, row.client_id)
         if outcome == SENT:
-            await self.store.settle([row.id], "sent", self.now())
+            self._unsettled[row.id] = self.now()
+            await self._settle_sent()
         elif outcome == SHUT:
             await self.store.note_retry(row.id, "window", None)
         elif outcome == UNKNOWN:
@@ -277,6 +285,13 @@ class Outbox:
         else:
             await self.store.note_retry(row.id, "send failed", now + timedelta(seconds=retry_delay(row.attempts)))
         return outcome
+
+    async def _settle_sent(self) -> None:
+        """Record the parts sent as sent; one the database refuses stays noted here (never sent again: it
+        is in doubt in the table meanwhile) and is recorded by the next flush or tick."""
+        for row_id, when in list(self._unsettled.items()):
+            await self.store.settle([row_id], "sent", when)
+            del self._unsettled[row_id]
 
     async def _unread(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         """Reminders and task results for a channel nobody reads go to the fallback at once (and are still
@@ -357,6 +372,7 @@ class Outbox:
     # -- periodic work: retries, fallback, expiry, window keeper ---------------------------------
     async def tick(self) -> None:
         now = self.now()
+        await self._settle_sent()
         for user_id, held in list(self._held.items()):
             if now >= held.until:
                 del self._held[user_id]

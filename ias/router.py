@@ -9,8 +9,9 @@ arrival (by the channel when it has ids to de-duplicate, else here) and marked d
 outcome is stored (its reply queued in the outbox, or an approval reply applied); what a restart, a
 SIGTERM or a crash left pending is replayed at the next start (`replay`), before anything new. While
 the database is lost (see monitor.py) messages are held in memory, up to INBOUND_HELD_MAX, the owner
-told once (HELD), and handled when it returns — a code too; a step that meets the outage mid-way is
-done again then. Past the bound a message gets DB_DOWN, as does one without a monitor.
+told once (HELD), and handled when it returns — a code too. A step that meets the outage mid-way is
+done again then, except the end of a turn: its reply, once made, is kept (and stored, and queued) rather
+than the turn run again. Past the bound a message gets DB_DOWN, as does one without a monitor.
 
 One user's messages are handled in the order they arrived, whatever each looks up first (SPEC 8,
 "Order"); their replies are queued in that order too. The exceptions are the answers that cannot
@@ -112,11 +113,15 @@ class Router:
                     held = None         # admitted: no longer held
                 if recorded is None:
                     return
-                place = await self._patiently(self._sort, recorded, channel)
+                place = await self._patiently(lambda: self._sort(recorded, channel), recorded, channel)
                 arrival.release()       # in line for its turn: the next message may look things up
                 if place is not None:
                     async with place:
-                        await self._patiently(self._handle, recorded, channel)
+                        reply = await self._patiently(lambda: self._handle(recorded, channel), recorded, channel)
+                        if reply:       # kept through an outage: the turn is not run again for it
+                            await self._patiently(lambda: self.outbox.send(
+                                recorded.user_id, reply, channel.name, inbound_id=recorded.inbound_id),
+                                recorded, channel)
                 await self._finish(recorded)        # when no reply marked it handled already
         except asyncio.CancelledError:
             raise                       # shutdown: the message stays pending, replayed at the next start
@@ -148,44 +153,29 @@ class Router:
 
     async def _admit(self, message: Inbound, channel: Channel) -> Inbound | None:
         """The message as recorded (pending), once the database is there; None for a redelivery."""
-        while True:
-            if self.monitor is not None and not self.monitor.available:
-                await self._tell_held(message.user_id, channel)
-                await self.monitor.back()
-                continue
-            if message.inbound_id is not None:
-                recorded = message
-            else:
-                try:
-                    inbound_id = await self.store.record_inbound(message.channel, message.user_id,
-                                                                 message.message_id, message.text)
-                except StoreError as exc:
-                    await self._wait_out(message, channel, exc)
-                    continue
-                if inbound_id is None:
-                    log.info("message %s on %s was already handled", message.message_id, message.channel)
-                    return None
-                recorded = replace(message, inbound_id=inbound_id)
-            self._told.discard(message.user_id)
-            return recorded
+        if self.monitor is not None and not self.monitor.available:
+            await self._tell_held(message.user_id, channel)
+            await self.monitor.back()
+        if message.inbound_id is None:
+            inbound_id = await self._patiently(lambda: self.store.record_inbound(
+                message.channel, message.user_id, message.message_id, message.text), message, channel)
+            if inbound_id is None:
+                log.info("message %s on %s was already handled", message.message_id, message.channel)
+                return None
+            message = replace(message, inbound_id=inbound_id)
+        self._told.discard(message.user_id)
+        return message
 
-    async def _patiently(self, step: Callable[[Inbound, Channel], Awaitable], message: Inbound, channel: Channel):
-        """`step`, done again after each outage of the database it meets (the message held meanwhile)."""
-        while True:
-            try:
-                return await step(message, channel)
-            except StoreError as exc:
-                await self._wait_out(message, channel, exc)
-
-    async def _wait_out(self, message: Inbound, channel: Channel, exc: StoreError) -> None:
-        """A statement failed: when the database is lost, tell the owner (once) and wait until it is back;
-        re-raise when it is not (no monitor, or the database is fine: an error of another kind)."""
+    async def _patiently(self, step: Callable[[], Awaitable], message: Inbound, channel: Channel):
+        """`step()`, done again after each outage of the database it meets (the message held meanwhile, the
+        owner told once); without a monitor a StoreError propagates."""
         if self.monitor is None:
-            raise exc
-        log.warning("message from %s on %s waits for the database: %s", message.user_id, message.channel, exc)
-        await self._tell_held(message.user_id, channel)
-        if not await self.monitor.settle():
-            raise exc
+            return await step()
+
+        async def waiting(exc: StoreError) -> None:
+            log.warning("message from %s on %s waits for the database: %s", message.user_id, message.channel, exc)
+            await self._tell_held(message.user_id, channel)
+        return await self.monitor.through(step, waiting)
 
     async def _tell_held(self, user_id: str, channel: Channel) -> None:
         if user_id not in self._told:
@@ -211,16 +201,13 @@ class Router:
             return None
         return self._turns.place(message.user_id)
 
-    async def _handle(self, message: Inbound, channel: Channel) -> None:
-        """In the user's turn: a code-shaped message is intercepted (nothing was pending when it came, and
-        a code never reaches the model); anything else is an agent turn, its reply queued before the next
-        turn starts (so replies keep their order)."""
+    async def _handle(self, message: Inbound, channel: Channel) -> str:
+        """In the user's turn, the reply (queued by the caller before the next turn starts, so replies keep
+        their order): a code-shaped message is intercepted (nothing was pending when it came, and a code
+        never reaches the model); anything else is an agent turn."""
         if parse_reply(message.text) == "code":
-            await self.outbox.send(message.user_id, NOTHING_PENDING, channel.name, inbound_id=message.inbound_id)
-            return
-        reply = await self._agent_turn(message.user_id, message.text, channel)
-        if reply:
-            await self.outbox.send(message.user_id, reply, channel.name, inbound_id=message.inbound_id)
+            return NOTHING_PENDING
+        return await self._agent_turn(message.user_id, message.text, channel)
 
     async def turn(self, user_id: str, text: str, channel: Channel) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go

@@ -144,6 +144,36 @@ class FakeOwner:
 CODE_LINE = re.compile(r"确认码：(\d{6})")
 
 
+class FlakyStore:
+    """A second store on a test's schema whose database can be taken away as when its server dies: `lose()`
+    sends new connections to a closed port and cuts the open ones, idle or busy (found by their
+    application_name); `restore()` gives the database back."""
+
+    def __init__(self, store: Store, tag: str):
+        self.store = store
+        self.tag = tag
+        self.kept = store.dsn
+
+    @classmethod
+    async def open(cls, dsn: str, chain: AuditChain) -> FlakyStore:
+        tag = "ias-flaky-" + uuid.uuid4().hex[:8]
+        return cls(await Store.open(make_conninfo(dsn, application_name=tag), chain=chain), tag)
+
+    def lose(self) -> None:
+        from tests.servers import closed_port
+        self.store.dsn = f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias"
+        with psycopg.connect(server_dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                         (self.tag,))
+            deadline = time.monotonic() + 10
+            while conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = %s", (self.tag,)).fetchall():
+                assert time.monotonic() < deadline, "the flaky store's connections did not end"
+                time.sleep(0.01)
+
+    def restore(self) -> None:
+        self.store.dsn = self.kept
+
+
 class GateTestCase(StoreTestCase):
     """A store plus the objects `app.build` wires over `system_skills` and `user_skills` (default:
     tests/fixtures/gate): `self.app`, and its registry, runner, approvals and gate as attributes.

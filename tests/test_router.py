@@ -11,13 +11,12 @@ from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
-from ias.errors import StoreError
 from ias.limits import INBOUND_REPLAYS_MAX
 from ias.router import DB_DOWN, HELD, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import CODE_LINE, FIXTURES, FakeChannel, GateTestCase, granted, until
+from tests.support import CODE_LINE, FIXTURES, FakeChannel, FlakyStore, GateTestCase, granted, until
 
 
 class RouterTestCase(GateTestCase):
@@ -104,7 +103,8 @@ class DatabaseDownTest(RouterTestCase):
     async def asyncSetUp(self):
         await super().asyncSetUp()
         self.gone: list[str] = []
-        self.flaky = await Store.open(self.dsn, chain=self.chain)
+        self.outage = await FlakyStore.open(self.dsn, self.chain)
+        self.flaky = self.outage.store
         self.addAsyncCleanup(self.flaky.close)
         self.monitor = DatabaseMonitor(self.flaky, self.gone.append, limit=3600, first_delay=0.05, max_delay=0.05)
         self.channel = FakeChannel("wechat")
@@ -119,12 +119,10 @@ class DatabaseDownTest(RouterTestCase):
         await asyncio.gather(self.watching, return_exceptions=True)
 
     async def lose(self) -> None:
-        self.dsn_kept, self.flaky.dsn = self.flaky.dsn, f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias"
-        with self.assertRaises(StoreError):
-            await self.flaky.reconnect()        # drops the pooled connections: the next statement fails
+        self.outage.lose()
 
     def restore(self) -> None:
-        self.flaky.dsn = self.dsn_kept
+        self.outage.restore()
 
     def send(self, text: str) -> asyncio.Task:
         return asyncio.create_task(self.app.router.deliver(Inbound("wechat", "owner", text)))
@@ -150,6 +148,27 @@ class DatabaseDownTest(RouterTestCase):
         self.assertEqual(self.sql("SELECT text FROM inbound WHERE state = 'done' ORDER BY id"),
                          [("你好",), ("/help",), ("/skills",)])
         self.assertEqual(self.gone, [])
+
+    async def test_a_reply_made_as_the_database_goes_is_kept_not_made_again(self):
+        self.server.script(calls(("echo_low", {"text": "一次"})), text("你好呀。"))
+        complete = self.llm.complete
+
+        async def then_lose(*args, **kwargs):       # the outage comes as the model gives its last answer
+            answer = await complete(*args, **kwargs)
+            if not answer.tool_calls:
+                await self.lose()
+            return answer
+        with mock.patch.object(self.llm, "complete", then_lose):
+            line = self.send("你好")
+            await until(lambda: not self.monitor.available)
+            self.restore()
+            await asyncio.wait_for(line, 10)
+        self.assertEqual(self.channel.sent, [("owner", "你好呀。")])
+        self.assertEqual(len(self.server.requests), 2)          # the turn was not run again
+        self.assertEqual(self.sql("SELECT count(*) FROM audit_log WHERE event = 'skill_finished'"), [(1,)])
+        self.assertEqual([m.get("content") for m in await self.store.recent_messages("owner", 10)][::3],
+                         ["你好", "你好呀。"])
+        self.assertEqual(await self.store.pending_inbound(), [])
 
     async def test_past_the_bound_a_message_gets_the_short_answer(self):
         await self.lose()

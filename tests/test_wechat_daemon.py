@@ -14,16 +14,13 @@ import psycopg
 
 from ias.agent import HELP
 from ias.channels.wechat import WeChatChannel
-from ias.errors import StoreError
 from ias.ilink import Credentials
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
 from ias.router import HELD
-from ias.store import Store
-from tests.servers import closed_port
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, granted, until
+from tests.support import FIXTURES, REPO, FlakyStore, GateTestCase, drop_schema, fresh_schema_dsn, granted, until
 
 
 class WeChatTurnTest(GateTestCase):
@@ -80,7 +77,8 @@ class WeChatOutageTest(GateTestCase):
         self.ilink = ILinkServer(hold=0.3).start()
         self.llm_server = LLMServer().__enter__()
         self.llm = LLM("sk-test", self.llm_server.base_url, "test-model", retry_delays=(0.01,))
-        self.flaky = await Store.open(self.dsn, chain=self.chain)
+        self.outage = await FlakyStore.open(self.dsn, self.chain)
+        self.flaky = self.outage.store
         self.gone: list[str] = []
         self.monitor = DatabaseMonitor(self.flaky, self.gone.append, limit=3600, first_delay=0.05, max_delay=0.05)
         self.watching = asyncio.create_task(self.monitor.run())
@@ -107,16 +105,14 @@ class WeChatOutageTest(GateTestCase):
     async def test_a_message_in_an_outage_is_held_told_once_and_answered_once_when_it_returns(self):
         self.ilink.message("/help")
         await until(lambda: self.texts() == [HELP])
-        kept, self.flaky.dsn = self.flaky.dsn, f"host=127.0.0.1 port={closed_port()} dbname=ias user=ias"
-        with self.assertRaises(StoreError):
-            await self.flaky.reconnect()
+        self.outage.lose()
         self.llm_server.script(text("你好呀。"))
         self.ilink.message("你好")
         await until(lambda: HELD in self.texts())
         polls = len(self.ilink.calls("/ilink/bot/getupdates"))
         await until(lambda: len(self.ilink.calls("/ilink/bot/getupdates")) > polls + 2)    # given again and again
         self.assertEqual(self.texts(), [HELP, HELD])
-        self.flaky.dsn = kept
+        self.outage.restore()
         await until(lambda: "你好呀。" in self.texts())
         await until(lambda: self.ilink.calls("/ilink/bot/getupdates")[-1].body["get_updates_buf"] == "buf-2")
         await until(lambda: not self.router.dispatching)
