@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -459,16 +460,38 @@ def fill_audit(dsn: str, chain, rows: int) -> None:
 
 
 def _measured(argv: list[str], env: dict, cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run a command: its wall time (s), its peak RSS (MB) and what it printed."""
+    """Run a command: its wall time (s), its peak RSS (MB: the most its process and its helper processes
+    held at once, sampled every 10 ms, or its own peak when larger) and what it printed."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _tree_rss(proc.pid))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     out, err = proc.stdout.read(), proc.stderr.read()           # a few lines each
+    done.set()
+    sampler.join()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     proc.stdout.close()
     proc.stderr.close()
-    return (time.perf_counter() - start, usage.ru_maxrss / 1024,
+    return (time.perf_counter() - start, max(usage.ru_maxrss, peak[0]) / 1024,
             subprocess.CompletedProcess(argv, proc.returncode, out, err))
+
+
+def _tree_rss(pid: int) -> int:
+    """KB resident in `pid` and its descendants now (0 for what has gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0
+    own = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return own + sum(_tree_rss(int(child)) for child in children)
 
 
 def _ready_seconds(env: dict, cwd: Path) -> float:

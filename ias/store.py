@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
+from psycopg.sql import SQL, Literal
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
@@ -53,7 +54,7 @@ CONNECT_TIMEOUT = 10             # seconds
 SCHEMA_LOCK = 730819910          # advisory lock class serialising migrations (second key: the schema)
 AUDIT_LOCK = 7308199101          # transaction advisory lock serialising audit appends (one chain, every process)
 PRUNE_BATCH = 5000               # rows per DELETE when history is pruned
-AUDIT_BATCH = 5000               # rows per fetch when the whole audit log is read (verification)
+AUDIT_BATCH = 2000               # rows per fetch when the whole audit log is read (verification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +214,22 @@ _AUDIT_CHAIN_ROWS = (
     "pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array("
     "a.prev_hash, a.id, extract(epoch FROM a.at)::text, a.event, a.user_id, a.skill_name, a.params, a.risk, "
     "a.approval_id, a.decision, a.exit_code, a.duration_ms, a.output_size, a.truncated, a.detail)::text, "
-    "'UTF8')), 'hex') END FROM audit_log a ORDER BY a.id")
+    "'UTF8')), 'hex') END FROM audit_log a WHERE a.id BETWEEN %s AND %s ORDER BY a.id")
 TOO_DEEP = "…(nested too deep to store)"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+@dataclass(frozen=True, slots=True)
+class ChainView:
+    """One snapshot of the audit log for verification (`Store.audit_chain`): the checkpoint a prune left
+    (None: never pruned), the snapshot's id (for `audit_chain(snapshot=…)` in another process), the
+    first and last row ids (None: empty), and `rows(first, last)`: the rows with ids in that range."""
+    checkpoint: Checkpoint | None
+    snapshot: str
+    first: int | None
+    last: int | None
+    rows: Any
 
 
 async def _batches(cur: psycopg.AsyncServerCursor, size: int) -> AsyncIterator[list]:
@@ -531,20 +544,29 @@ class Store:
             return [AuditRow(**row) for row in await cur.fetchall()]
 
     @asynccontextmanager
-    async def audit_chain(self, batch: int = AUDIT_BATCH) -> AsyncIterator[tuple[Checkpoint | None, AsyncIterator[list[tuple]]]]:
-        """The checkpoint (None when the log was never pruned) and every audit row as the chain
-        covers it (a tuple, as auditchain.LINK_FIELDS), oldest first, `batch` rows at a time, both
-        from one snapshot.
+    async def audit_chain(self, batch: int = AUDIT_BATCH, *, snapshot: str | None = None) -> AsyncIterator[ChainView]:
+        """One snapshot of the audit log (`ChainView`): its rows as the chain covers them (tuples, as
+        auditchain.LINK_FIELDS), oldest first, `batch` at a time. `snapshot`: the id another
+        process's `audit_chain` exported, whose view this one shares (while that one is open).
 
-        Streamed through a server-side cursor (binary, plain tuples, no per-row object: verification
+        Streamed through server-side cursors (binary, plain tuples, no per-row object: verification
         reads millions), so memory does not grow with the log.
         """
-        async with self._conn() as conn, conn.transaction(), conn.cursor(
-                name="audit_chain", row_factory=tuple_row, binary=True) as cur:
+        async with self._conn() as conn, conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if snapshot is not None:
+                await conn.execute(SQL("SET TRANSACTION SNAPSHOT {}").format(Literal(snapshot)))
+            else:
+                snapshot = (await (await conn.execute("SELECT pg_export_snapshot() AS id")).fetchone())["id"]
             checkpoint = await self._checkpoint(conn)
-            await cur.execute(_AUDIT_CHAIN_ROWS)
-            yield checkpoint, _batches(cur, batch)
+            bounds = await (await conn.execute("SELECT min(id) AS first, max(id) AS last FROM audit_log")).fetchone()
+
+            async def rows(first: int, last: int) -> AsyncIterator[list[tuple]]:
+                async with conn.cursor(name=f"audit_chain_{first}", row_factory=tuple_row, binary=True) as cur:
+                    await cur.execute(_AUDIT_CHAIN_ROWS, (first, last))
+                    async for found in _batches(cur, batch):
+                        yield found
+            yield ChainView(checkpoint, snapshot, bounds["first"], bounds["last"], rows)
 
     async def audit_checkpoint(self) -> Checkpoint | None:
         """Where `prune_audit` last cut the log; None when it never did."""

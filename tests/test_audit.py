@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 import uuid
 from pathlib import Path
 
@@ -269,9 +270,12 @@ class KeyedChainTest(ChainTestCase):
 
     async def test_the_log_is_read_in_batches_in_order(self):
         ids = await self.write(7)
-        async with self.store.audit_chain(batch=3) as (checkpoint, batches):
-            self.assertIsNone(checkpoint)
-            self.assertEqual([[row[0] for row in batch] async for batch in batches], [ids[:3], ids[3:6], ids[6:]])
+        async with self.store.audit_chain(batch=3) as view:
+            self.assertIsNone(view.checkpoint)
+            self.assertEqual((view.first, view.last), (ids[0], ids[-1]))
+            self.assertEqual([[row[0] for row in batch] async for batch in view.rows(view.first, view.last)],
+                             [ids[:3], ids[3:6], ids[6:]])
+            self.assertEqual([[row[0] for row in batch] async for batch in view.rows(ids[2], ids[3])], [ids[2:4]])
 
     async def test_no_key_no_audit_row_and_no_state_change(self):
         """A state change and its audit row commit together: without the chain key nothing is written."""
@@ -556,3 +560,37 @@ class CommandTest(unittest.IsolatedAsyncioTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class InHelpers:
+    """The same checks with the log cut into three spans, the last two walked by helper processes (as a
+    long log is on a machine with several CPUs): every break is found across the span boundaries too."""
+
+    async def asyncSetUp(self) -> None:
+        await super().asyncSetUp()
+        for name, value in (("VERIFY_SPAN_MIN", 1), ("VERIFY_PARTS", 3)):
+            patch = mock.patch.object(audit, name, value)
+            patch.start()
+            self.addCleanup(patch.stop)
+
+
+class KeyedChainInHelpersTest(InHelpers, KeyedChainTest):
+    async def test_a_helper_that_fails_is_a_break(self):
+        await self.write(6)
+        with mock.patch.object(audit.sys, "executable", "/bin/false"):
+            self.assert_broken(await self.check(), "could not be checked: the helper process failed (exit 1")
+
+    async def test_the_spans_cover_the_log(self):
+        self.assertEqual(audit.spans(None, None, 3), [])
+        self.assertEqual(audit.spans(5, 5, 3), [(5, 5)])
+        self.assertEqual(audit.spans(1, 10, 3), [(1, 4), (5, 8), (9, 10)])
+        with mock.patch.object(audit, "VERIFY_SPAN_MIN", 4):
+            self.assertEqual(audit.spans(1, 10, 3), [(1, 5), (6, 10)])
+
+
+class UnkeyedRowsInHelpersTest(InHelpers, UnkeyedRowsTest):
+    pass
+
+
+class PruneInHelpersTest(InHelpers, PruneTest):
+    pass

@@ -230,7 +230,8 @@ class SandboxSectionTest(unittest.TestCase):
         tmp = Path(tempfile.mkdtemp(prefix="ias-sandbox-cache-"))
         self.addCleanup(shutil.rmtree, tmp, True)
         shutil.copytree(PROBES, tmp / "skills")
-        (tmp / "skills" / "probe_network" / "SKILL.md").open("a").write("- read: /srv/music\n")
+        with (tmp / "skills" / "probe_network" / "SKILL.md").open("a") as f:
+            f.write("- read: /srv/music\n")
         first = load_registry(None, tmp / "skills", cache=tmp / "cache.json")
         second = load_registry(None, tmp / "skills", cache=tmp / "cache.json")
         self.assertEqual(second.get("probe_network").sandbox, Policy(network=True, read=("/srv/music",)))
