@@ -131,7 +131,7 @@ class _Held:
     """A confirmation message that could not go out yet: in memory only, never stored."""
     channel: str
     text: str
-    until: datetime
+    until: float                    # monotonic: past it the approval has ended anyway
     delivered: asyncio.Event
 
 
@@ -328,7 +328,7 @@ class Outbox:
         consumed = False
         held = self._held.get(user_id)
         if held is not None and held.channel == channel:
-            if self.now() >= held.until:
+            if self.monotonic() >= held.until:
                 self._held.pop(user_id, None)
             elif await self.channels[channel].post(user_id, held.text, f"ias-{uuid.uuid4().hex}") == SENT:
                 self._held.pop(user_id, None)
@@ -358,7 +358,7 @@ class Outbox:
                 return True
         if room is None and outcome != SHUT:
             return False                    # a channel without a window: writing will not change anything
-        held = _Held(channel, text, self.now() + timedelta(seconds=timeout), asyncio.Event())
+        held = _Held(channel, text, self.monotonic() + timeout, asyncio.Event())
         self._held[user_id] = held
         minutes = max(1, round(timeout / 60))
         if self.fallback:
@@ -374,7 +374,7 @@ class Outbox:
         now = self.now()
         await self._settle_sent()
         for user_id, held in list(self._held.items()):
-            if now >= held.until:
+            if self.monotonic() >= held.until:
                 del self._held[user_id]
         expired = await self.store.expire_queued(now - timedelta(seconds=self.expire), now)
         if expired:

@@ -236,6 +236,30 @@ class HeldConfirmationTest(OutboxTestCase):
     async def _notify(self, message: str):
         return await self.outbox.urgent(self.ilink.owner, self.channel.name, message, "mark_high", 0.5)
 
+    async def test_a_held_confirmation_ends_by_the_monotonic_clock_not_the_wall_clock(self):
+        await self.start()
+        await self.owner_writes("/help")
+        self.clock.at = DAY1 + timedelta(days=2)                    # the window shut long ago
+        ticks = [0.0]
+        self.outbox.monotonic = lambda: ticks[0]
+        held = await self.outbox.urgent(self.ilink.owner, self.channel.name, "确认码：123456", "mark_high", 60)
+        self.assertIsInstance(held, asyncio.Event)
+        self.clock.at += timedelta(hours=2)                         # the wall clock jumps (a Pi's NTP sync)
+        await self.outbox.tick()
+        await self.owner_writes("在吗")                            # still held: that is what goes out
+        self.assertTrue(held.is_set())
+        self.assertEqual(texts(self.ilink)[-1], "确认码：123456")
+        held = await self.outbox.urgent(self.ilink.owner, self.channel.name, "确认码：654321", "mark_high", 60)
+        self.assertTrue(held is True)                               # the window is open now
+        self.clock.at += timedelta(days=2)
+        second = await self.outbox.urgent(self.ilink.owner, self.channel.name, "确认码：111111", "mark_high", 60)
+        self.assertIsInstance(second, asyncio.Event)
+        ticks[0] += 61                                              # its time is over on the monotonic clock
+        await self.outbox.tick()
+        await self.owner_writes("/help")
+        self.assertNotIn("确认码：111111", texts(self.ilink))
+        self.assertFalse(second.is_set())
+
 
 class FallbackTest(OutboxTestCase):
     async def test_a_failing_webhook_is_retried_then_recorded_and_the_reminder_stays_queued(self):
