@@ -193,7 +193,7 @@ class HeldConfirmationTest(OutboxTestCase):
         self.llm_server.script(calls(("mark_high", {"marker": str(self.marker)})), text("标记好了。"))
         scheduler = Scheduler(self.store, self.router.run_task, now=self.clock.now)
         [run] = await scheduler.tick()
-        notice = f"有操作等待确认：mark_high。请在微信里回复任意内容查看确认码（1 分钟内有效）"
+        notice = "有操作等待确认：mark_high。请在微信里回复任意内容查看确认码（1 分钟内有效）"
         await until(lambda: len(self.wecom.requests) == 1 and len(self.hook.requests) == 1 and self.smtp.messages)
         before = len(self.ilink.sent)
 
