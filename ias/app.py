@@ -34,10 +34,9 @@ from .router import Router
 from .runner import Runner, recover
 from .scheduler import Scheduler, prune_daily, retry_later
 from .mcp import Servers
-from .registry import Registry, mcp_cache, registry
+from .registry import Registry, registry
 from .store import AuditEntry, Store
 from .supervisor import Supervisor
-from .unwritten import FILE as UNWRITTEN_FILE
 from .wechat_login import credentials
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIte
     chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
-        cluster = cluster or Cluster(config.data_dir / "pg")
+        cluster = cluster or Cluster(config.cluster_dir)
         dsn = cluster.start()
     try:
         store = await Store.open(dsn, chain=chain)
@@ -66,13 +65,10 @@ async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIte
             cluster.stop()
 
 
-DAEMON_LOCK = "daemon.lock"      # in $IAS_DATA_DIR
-
-
 @asynccontextmanager
 async def instance_lock(config: Config) -> AsyncIterator[None]:
     """The daemon's single-instance lock: a flock on $IAS_DATA_DIR/daemon.lock, held while it runs."""
-    lock = FileLock(config.data_dir / DAEMON_LOCK)
+    lock = FileLock(config.daemon_lock)
     if not lock.acquire(wait=False):
         raise IasError(f"another iAs daemon is already running with data directory {config.data_dir.resolve()}; "
                        "stop it first")
@@ -111,7 +107,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
-    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
+    mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels))
     gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor)
@@ -134,7 +130,7 @@ def make_runner(config: Config) -> Runner:
     """
     environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
                "IAS_DATA_DIR": str(config.data_dir.resolve())}
-    return Runner(repo_root=config.repo_root, run_dir=config.data_dir / "runs", environ=environ,
+    return Runner(repo_root=config.repo_root, run_dir=config.run_dir, environ=environ,
                   python=sys.executable, sandbox=sandbox.for_config(config))
 
 
@@ -258,7 +254,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    cluster = None if config.database_url else Cluster(config.data_dir / "pg")
+    cluster = None if config.database_url else Cluster(config.cluster_dir)
     async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work")
@@ -278,7 +274,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             log.error("skill not loaded: %s", line)
         # Crash recovery: what a dead daemon or command left behind (never a re-run).
         await asyncio.to_thread(recover, c.runner.run_dir)
-        c.gate.unwritten.path = config.data_dir / UNWRITTEN_FILE     # the daemon's ends survive its restart
+        c.gate.unwritten.path = config.unwritten_file     # the daemon's ends survive its restart
         await c.gate.unwritten.replay()             # ends a stopped daemon kept: written, never "interrupted"
         await c.gate.record_interrupted()
         leftovers = await c.approvals.expire_leftovers()

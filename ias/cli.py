@@ -261,9 +261,8 @@ async def _server_checks(config, reg) -> list[tuple]:
     """Start each MCP server once and list its tools: (server, tool skill names, problems) each; all stopped."""
     from .app import make_runner
     from .mcp import Servers
-    from .registry import mcp_cache
     runner = make_runner(config)
-    servers = Servers(reg, runner, mcp_cache(config), config.allow_risk_downgrade)
+    servers = Servers(reg, runner, config.mcp_cache, config.allow_risk_downgrade)
     found = []
     try:
         for name in sorted(reg.servers):
@@ -405,7 +404,7 @@ async def cmd_doctor(config) -> int:
     line(*_disk_line(config.data_dir))
     try:
         async with open_store(config) as store:
-            where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.data_dir / 'pg'}"
+            where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.cluster_dir}"
             pending = await store.approvals()
             line(True, "database", f"{where}, schema applied, {len(pending)} pending approvals")
             from .wechat_login import status

@@ -96,14 +96,48 @@ class Config:
             if value is not None:
                 object.__setattr__(self, name, absolute(value))
 
+    # The data directory's layout: every file iAs keeps there is named here and nowhere else.
+
     @property
     def key_file(self) -> Path:
+        """The secret key (approval codes, the audit chain): IAS_SECRET_KEY_FILE, else in the data directory."""
         return self.secret_key_file or self.data_dir / "secret.key"
 
     @property
     def audit_head(self) -> Path:
         """The audit chain's newest row (id and keyed value), kept outside the database."""
         return self.data_dir / "audit.head"
+
+    @property
+    def cluster_dir(self) -> Path:
+        """The embedded PostgreSQL cluster (without IAS_DATABASE_URL); its password, user and start-lock
+        files are siblings (`pg.password`, …: pgcluster.Cluster names them)."""
+        return self.data_dir / "pg"
+
+    @property
+    def run_dir(self) -> Path:
+        """Each skill run's private directory (HOME and /tmp), removed when the run ends."""
+        return self.data_dir / "runs"
+
+    @property
+    def daemon_lock(self) -> Path:
+        """The daemon's single-instance lock (a flock held while it runs)."""
+        return self.data_dir / "daemon.lock"
+
+    @property
+    def unwritten_file(self) -> Path:
+        """Skill ends the daemon could not write to the database before it exited (unwritten.py)."""
+        return self.data_dir / "unwritten-ends.jsonl"
+
+    @property
+    def skills_cache(self) -> Path:
+        """The parsed skill directories, for the `skills` listing."""
+        return self.data_dir / "skills.cache.json"
+
+    @property
+    def mcp_cache(self) -> Path:
+        """The directory of each MCP server's last tool list (`<skill>.json`)."""
+        return self.data_dir / "mcp"
 
 
 def absolute(path: str | os.PathLike) -> Path:

@@ -316,26 +316,18 @@ def _untitled(skill: Skill) -> list[str]:
             f"(their label in the approval message): {', '.join(untitled)}"]
 
 
-SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
-
-
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
     from .sandbox import load_problem
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
-                         config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config),
+                         config.skills_cache if cached else None, config.mcp_cache,
                          confine=load_problem(config))
 
 
 # -- MCP tools as skills --
 
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
-
-
-def mcp_cache(config) -> Path:
-    """Where the last tool list of each MCP server is kept."""
-    return config.data_dir / "mcp"
 
 
 def tool_skill_name(server: str, tool: str) -> str:

@@ -3,9 +3,9 @@
 A run's end is its `skill_finished` audit row and, for an approved call, the approval's result.
 When the store refuses them, they are kept in memory and retried with backoff until written
 (SPEC §15 "Disk"). A daemon that stops before the database returns (it exits after a minute of
-outage, and systemd restarts it) saves what is still unwritten to `$IAS_DATA_DIR/unwritten-ends.jsonl`
-(mode 0600); the next daemon start writes those first, before it gives `skill_interrupted` rows to
-calls whose process died: a call whose end was kept is therefore never taken for interrupted.
+outage, and systemd restarts it) saves what is still unwritten to `Config.unwritten_file` in the data
+directory (mode 0600); the next daemon start writes those first, before it gives `skill_interrupted` rows
+to calls whose process died: a call whose end was kept is therefore never taken for interrupted.
 
 Not handled: a process killed with SIGKILL while holding unwritten ends loses them (the next start
 records those calls as interrupted), and so does a one-off command (`ias run`) that exits first.
@@ -25,8 +25,6 @@ from .limits import DB_RETRY_FIRST, DB_RETRY_MAX
 from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)
-
-FILE = "unwritten-ends.jsonl"          # in $IAS_DATA_DIR
 
 
 @dataclass(slots=True)

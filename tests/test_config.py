@@ -53,6 +53,20 @@ class PathsTest(unittest.TestCase):
         self.assertEqual(Config(data_dir=Path("d")).data_dir, self.tmp / "d")
         self.assertEqual(Config(secret_key_file=Path("k")).key_file, self.tmp / "k")
 
+    def test_the_data_directory_layout_is_the_configs(self):
+        """Every file iAs keeps in the data directory, by the name it has had (existing installs keep theirs)."""
+        config = load(environ={"IAS_DATA_DIR": "state"})
+        data = self.tmp / "state"
+        self.assertEqual({name: getattr(config, name) for name in (
+            "key_file", "audit_head", "cluster_dir", "run_dir", "daemon_lock", "unwritten_file", "skills_cache",
+            "mcp_cache")}, {
+            "key_file": data / "secret.key", "audit_head": data / "audit.head", "cluster_dir": data / "pg",
+            "run_dir": data / "runs", "daemon_lock": data / "daemon.lock",
+            "unwritten_file": data / "unwritten-ends.jsonl", "skills_cache": data / "skills.cache.json",
+            "mcp_cache": data / "mcp"})
+        os.chdir("/")
+        self.assertEqual(config.cluster_dir, data / "pg")     # resolved at load, not when asked
+
 
 class LoadTest(unittest.TestCase):
     """What load() reads, what wins, and what it refuses (one ConfigError line, never a silent default)."""

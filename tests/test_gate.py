@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 from ias.approval import Approvals
+from ias.config import Config
 from ias.audit import REDACTED, redact
 from ias.limits import ARGUMENTS_MAX, AUDIT_KEY_MAX, AUDIT_VALUE_MAX
 from ias.gate import NOT_SAVED, Gate
@@ -22,7 +23,7 @@ from ias.pgcluster import Cluster
 from ias.results import interrupted
 from ias.runner import identity
 from ias.store import AuditEntry, Store
-from ias.unwritten import FILE, End
+from ias.unwritten import End
 from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env
 from tests.test_runner import running
 
@@ -131,7 +132,7 @@ class FinishTest(GateTestCase):
         wake.touch()
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
         self.assertFalse(await other.gate.drain(0.3))
-        kept = other.gate.unwritten.path = self.tmp / FILE          # as run_daemon sets it
+        kept = other.gate.unwritten.path = Config(data_dir=self.tmp).unwritten_file    # as run_daemon sets it
         self.assertEqual(other.gate.unwritten.save(), 1)          # the daemon stops before the database returns
         self.assertEqual(kept.stat().st_mode & 0o777, 0o600)
         await asyncio.to_thread(cluster.start)
@@ -158,7 +159,7 @@ class FinishTest(GateTestCase):
         self.assertEqual(End.parse(End(None, approval, {"a": 1}).line()), End(None, approval, {"a": 1}))
 
     async def test_a_damaged_kept_file_is_logged_and_dropped(self):
-        kept = self.gate.unwritten.path = self.tmp / FILE
+        kept = self.gate.unwritten.path = Config(data_dir=self.tmp).unwritten_file
         kept.write_text("not json\n")
         with self.assertLogs("ias.unwritten", "ERROR"):
             self.assertEqual(await self.gate.unwritten.replay(), 0)
