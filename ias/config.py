@@ -13,8 +13,9 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .limits import (LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
-                     TOOLS_BYTES_MIN, TURN_TIMEOUT)
+from .limits import (APPROVAL_TIMEOUT, FALLBACK_AFTER, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
+                     MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
+                     TOOLS_BYTES_MIN, TURN_TIMEOUT, WECHAT_REPLY_WINDOW, WECHAT_SEND_BUDGET)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
@@ -58,19 +59,19 @@ class Config:
     secret_key_file: Path | None = None
     openai_api_key: str | None = None
     openai_base_url: str | None = None
-    model: str = "gpt-4o-mini"
+    model: str = MODEL_DEFAULT
     owner: str | None = None
-    approval_timeout: float = 300.0
+    approval_timeout: float = APPROVAL_TIMEOUT
     llm_timeout: float = LLM_TIMEOUT        # seconds one model request may take in all (not per read)
     turn_timeout: float = TURN_TIMEOUT      # seconds one turn may take, not counting the wait for the owner's code
     wechat_base_url: str | None = None      # None: the stored login's, else https://ilinkai.weixin.qq.com
     wechat_token: str | None = None
     wechat_owner: str | None = None
-    wechat_window: float = 82800.0          # seconds after the owner's last message in which WeChat sends are tried
-    wechat_budget: int = 8                  # bot messages per owner message, the last being "reply to continue"
-    outbox_expire: float = 259200.0         # seconds a queued message may wait before it expires
-    fallback_after: float = 600.0           # seconds past its due time before a reminder/task result goes to the fallback
-    retention_days: int = 180               # history, settled outbox rows and task runs older than this are pruned daily
+    wechat_window: float = WECHAT_REPLY_WINDOW  # seconds after the owner's last message in which WeChat sends are tried
+    wechat_budget: int = WECHAT_SEND_BUDGET  # bot messages per owner message, the last being "reply to continue"
+    outbox_expire: float = OUTBOX_EXPIRE  # seconds a queued message may wait before it expires
+    fallback_after: float = FALLBACK_AFTER  # seconds past its due time before a reminder/task result goes to the fallback
+    retention_days: int = RETENTION_DAYS  # history, settled outbox rows and task runs older than this are pruned daily
     notify_email: str | None = None
     notify_wecom_url: str | None = None
     notify_webhook_url: str | None = None

@@ -1,4 +1,12 @@
-"""Every limit, timeout and buffer size in one place, so they can be read and tuned together."""
+"""Every limit, timeout and buffer size, and every setting's default, in one place, so they can be
+read and tuned together. config.py checks the settings and takes their defaults from here."""
+
+# Settings' defaults (ias.toml / IAS_*; the ranges they may take are config.py's)
+MODEL_DEFAULT = "gpt-4o-mini"       # IAS_MODEL
+APPROVAL_TIMEOUT = 300.0            # seconds the owner has to answer a confirmation: IAS_APPROVAL_TIMEOUT
+OUTBOX_EXPIRE = 3 * 86400.0         # seconds a queued message may wait before it expires: IAS_OUTBOX_EXPIRE
+FALLBACK_AFTER = 600.0              # seconds past its due time before a reminder/task result goes to the fallback
+RETENTION_DAYS = 180                # days of history, settled outbox rows and task runs kept: IAS_RETENTION_DAYS
 
 # Skills
 SKILL_TIMEOUT_DEFAULT = 30          # seconds, when SKILL.md has no ## Timeout
@@ -87,8 +95,10 @@ WECHAT_BACKOFF_DELAY = 30.0         # seconds of that pause
 WECHAT_SEND_TIMEOUT = 15.0          # seconds per sendmessage request
 WECHAT_REQUEST_TIMEOUT = 15.0       # seconds for other short requests (get_bot_qrcode)
 WECHAT_TEXT_MAX = 4000              # characters per sent message; longer texts are split
-WECHAT_REPLY_WINDOW = 23 * 3600.0   # seconds after the user's last message in which sends are tried (iLink: 24 h)
-WECHAT_SEND_BUDGET = 8              # bot messages per owner message, the last one being "reply to continue" (iLink: ~10)
+WECHAT_REPLY_WINDOW = 23 * 3600.0   # seconds after the user's last message in which sends are tried (iLink: 24 h):
+                                    # IAS_WECHAT_WINDOW
+WECHAT_SEND_BUDGET = 8              # bot messages per owner message, the last one being "reply to continue" (iLink: ~10):
+                                    # IAS_WECHAT_BUDGET
 WECHAT_LOGIN_DEADLINE = 480.0       # seconds for the whole QR login
 WECHAT_QR_POLL_TIMEOUT = 35.0       # seconds of one get_qrcode_status long poll (a client timeout means "wait")
 WECHAT_QR_POLL_PAUSE = 1.0          # seconds between QR status polls
@@ -104,7 +114,7 @@ WECHAT_WINDOW_LEARN_MARGIN = 600.0  # seconds below the age of a refused send th
 INBOUND_HELD_MAX = 200
 INBOUND_REPLAYS_MAX = 3             # starts that handle a pending message again before it is given up (told)
 
-# Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings)
+# Outbox, window keeper and fallback notifiers (the window, budget, expiry and fallback delay are settings, above)
 OUTBOX_TICK = 60.0                  # seconds between the outbox's checks (retries, fallback, expiry, window keeper)
 OUTBOX_RETRY_FIRST = 30.0           # seconds before retrying a part after a transient error; doubled per attempt
 OUTBOX_RETRY_MAX = 1800.0           # seconds between retries at most

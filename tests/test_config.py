@@ -4,6 +4,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from ias import limits
 from ias.config import REPO_ROOT, Config, load
 from ias.errors import ConfigError
 
@@ -66,6 +67,22 @@ class PathsTest(unittest.TestCase):
             "mcp_cache": data / "mcp"})
         os.chdir("/")
         self.assertEqual(config.cluster_dir, data / "pg")     # resolved at load, not when asked
+
+
+class DefaultsTest(unittest.TestCase):
+    def test_every_default_comes_from_limits(self):
+        config = load(environ={})
+        self.assertEqual((config.model, config.approval_timeout, config.llm_timeout, config.turn_timeout,
+                          config.wechat_window, config.wechat_budget, config.outbox_expire, config.fallback_after,
+                          config.retention_days, config.max_tools, config.tools_bytes),
+                         (limits.MODEL_DEFAULT, limits.APPROVAL_TIMEOUT, limits.LLM_TIMEOUT, limits.TURN_TIMEOUT,
+                          limits.WECHAT_REPLY_WINDOW, limits.WECHAT_SEND_BUDGET, limits.OUTBOX_EXPIRE,
+                          limits.FALLBACK_AFTER, limits.RETENTION_DAYS, limits.MAX_TOOLS_DEFAULT,
+                          limits.TOOLS_BYTES_DEFAULT))
+        # The values SPEC names; a change to one is a change to the product, not a refactoring.
+        self.assertEqual((config.model, config.approval_timeout, config.wechat_window, config.wechat_budget,
+                          config.outbox_expire, config.fallback_after, config.retention_days),
+                         ("gpt-4o-mini", 300.0, 82800.0, 8, 259200.0, 600.0, 180))
 
 
 class LoadTest(unittest.TestCase):
