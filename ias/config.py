@@ -239,6 +239,9 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     smtp, imap = (mail_server(prefix, env) for prefix in ("IAS_SMTP", "IAS_IMAP"))
     config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env,
                     **sandbox)
+    if config.notify_email and config.smtp is None:     # else found out only when the fallback is needed
+        raise ConfigError("IAS_NOTIFY_EMAIL is set but IAS_SMTP_HOST is not: the fallback e-mail is sent with the "
+                          "IAS_SMTP_* settings")
     if config.notify_webhook_body is not None:
         try:
             body = json.loads(config.notify_webhook_body)

@@ -105,7 +105,7 @@ def _fill(template, values: dict[str, str]):
 
 class Email(Notifier):
     """Mail to the owner through the IAS_SMTP_* server, with the email skill's client (ias_skill.smtp):
-    `server` is config.smtp, the settings checked at start (None: IAS_SMTP_HOST is not set)."""
+    `server` is config.smtp, the settings checked at start (config.load refuses IAS_NOTIFY_EMAIL without them)."""
     name = "email"
 
     def __init__(self, to: str, server):
@@ -114,8 +114,6 @@ class Email(Notifier):
 
     def deliver(self, notice: Notice) -> None:
         from email.message import EmailMessage
-        if self.server is None:
-            raise ValueError("IAS_NOTIFY_EMAIL is set but IAS_SMTP_HOST is not")
         sender = self.server.user if "@" in self.server.user else self.to
         message = EmailMessage()
         message["From"] = sender

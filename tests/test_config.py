@@ -1,5 +1,7 @@
 """Configuration: every path setting is made absolute once, against the working directory at start."""
 import os
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -160,7 +162,7 @@ class DeliverySettingsTest(unittest.TestCase):
         self.toml.write_text('wechat_window = 72000\nwechat_budget = 6\noutbox_expire = 86400\n'
                              'notify_email = "me@example.com"\n', encoding="utf-8")
         config = load(self.toml, environ={"IAS_WECHAT_BUDGET": "5", "IAS_FALLBACK_AFTER": "0",
-                                          "IAS_NOTIFY_WEBHOOK_TOKEN": "t0k"})
+                                          "IAS_NOTIFY_WEBHOOK_TOKEN": "t0k", "IAS_SMTP_HOST": "smtp.qq.com"})
         self.assertEqual((config.wechat_window, config.wechat_budget, config.outbox_expire, config.fallback_after),
                          (72000.0, 5, 86400.0, 0.0))
         self.assertEqual((config.notify_email, config.notify_webhook_token), ("me@example.com", "t0k"))
@@ -233,3 +235,26 @@ class MailSettingsTest(unittest.TestCase):
                               "IAS_SMTP_PASSWORD": "pw", "IAS_SMTP_ALLOW_PLAIN_LOGIN": "1"}).smtp
         self.assertEqual((relay.port, relay.mode), (25, "none"))
         self.assertEqual((load(environ={}).smtp, load(environ={"IAS_SMTP_SSL": "starttls"}).smtp), (None, None))
+
+    def test_a_fallback_email_without_a_server_is_refused_at_load(self):
+        """Not when the fallback is needed (a reminder the owner then never gets): at start, one line."""
+        with self.assertRaisesRegex(ConfigError, "^IAS_NOTIFY_EMAIL is set but IAS_SMTP_HOST is not"):
+            load(environ={"IAS_NOTIFY_EMAIL": "me@example.com", "IAS_SMTP_USER": "me@qq.com"})
+        self.assertEqual(load(environ={"IAS_NOTIFY_EMAIL": "me@example.com", "IAS_SMTP_HOST": "h"}).smtp.host, "h")
+
+    def test_doctor_says_it_in_one_line(self):
+        """The same through the real entry point: exit 1, one line on stderr, no traceback."""
+        with tempfile.TemporaryDirectory(prefix="ias-config-") as tmp:
+            for extra, words in (({"IAS_SMTP_HOST": "smtp.qq.com", "IAS_SMTP_SSL": "tls"},
+                                  "ias: IAS_SMTP_SSL must be ssl, starttls or none, got 'tls'"),
+                                 ({"IAS_SMTP_PORT": "abc"}, "ias: IAS_SMTP_PORT must be a port number from 1 to "
+                                                            "65535, got 'abc'"),
+                                 ({"IAS_NOTIFY_EMAIL": "me@example.com"}, "ias: IAS_NOTIFY_EMAIL is set but "
+                                                                          "IAS_SMTP_HOST is not")):
+                env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "IAS_DATA_DIR": tmp, **extra}
+                with self.subTest(extra=extra):
+                    done = subprocess.run([sys.executable, str(REPO_ROOT / "ias.py"), "doctor"], capture_output=True,
+                                          text=True, env=env, cwd=tmp, timeout=60)
+                    self.assertEqual((done.returncode, done.stdout), (1, ""), done.stderr)
+                    self.assertEqual(done.stderr.splitlines(), [done.stderr.splitlines()[0]])
+                    self.assertTrue(done.stderr.startswith(words), done.stderr)
