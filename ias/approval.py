@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import secrets
-import time
 import unicodedata
 import uuid
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from .audit import redact
+from .clock import SYSTEM
 from .errors import ConfigError, StoreError
 from .limits import APPROVALS_PER_TURN, SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from .locks import UserLocks
@@ -294,7 +294,7 @@ class Approvals:
     the approval ends `tampered` (the model hears it was not confirmed), whatever ends it.
     """
 
-    def __init__(self, store: Store, key: bytes, timeout: float, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, store: Store, key: bytes, timeout: float, monotonic: Callable[[], float] = SYSTEM.monotonic):
         self.store = store
         self.key = key
         self.timeout = timeout

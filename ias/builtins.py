@@ -109,7 +109,8 @@ def one_line(text: str, limit: int = 160) -> str:
 
 def upcoming(task) -> list:
     """The task's next run and the two after it, in Beijing time; none when paused or done."""
-    from .cron import TZ, describe, parse_schedule
+    from .clock import TZ
+    from .cron import describe, parse_schedule
     if not task.enabled or task.next_run_at is None:
         return []
     first = task.next_run_at.astimezone(TZ)

@@ -42,7 +42,7 @@ def _text(value: str) -> str:
 def _day(value: str):
     """A past moment: YYYY-MM-DD (midnight, Beijing time) or an ISO time (Beijing time without an offset)."""
     from datetime import datetime
-    from .cron import TZ
+    from .clock import TZ
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:

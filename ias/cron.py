@@ -19,7 +19,7 @@ schedules and searches that would leave the years 1-9999 datetime can represent.
 Deliberately not handled: a seconds (or year) field; the L, W, # and ? extensions;
 @reboot; DST gaps and folds beyond a best effort (Asia/Shanghai has had a fixed +08:00
 offset since 1991, and the fallback zone is fixed-offset). Cron fields and naive
-datetimes are Shanghai wall time; every returned datetime is aware, in `TZ`.
+datetimes are Shanghai wall time; every returned datetime is aware, in `TZ` (clock.py's zone).
 """
 from __future__ import annotations
 
@@ -29,14 +29,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from .clock import TZ
 from .limits import CRON_SEARCH_YEARS
-
-try:
-    TZ = ZoneInfo("Asia/Shanghai")
-except ZoneInfoNotFoundError:  # no tzdata on the system and no tzdata package
-    TZ = timezone(timedelta(hours=8), "Asia/Shanghai")
 
 # A search that finds nothing in CRON_SEARCH_YEARS (400, the Gregorian cycle: weekdays and
 # leap years repeat exactly) means the expression never fires. Feb 29 on a Sunday can be

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import unicodedata
 import uuid
 from dataclasses import dataclass
@@ -47,9 +46,10 @@ from typing import Awaitable, Callable
 
 from . import limits
 from .channels.base import SENT, SHUT, UNKNOWN, Channel
-from .cron import TZ
+from .clock import SYSTEM
 from .errors import StoreError
 from .notifiers import Fallback
+from .scheduler import keeper_ask
 from .store import OutboxRow, Store
 
 log = logging.getLogger(__name__)
@@ -57,16 +57,11 @@ log = logging.getLogger(__name__)
 CONTINUE_WORDS = frozenset({"继续", "繼續", "continue", "go on"})
 APPROVAL_NOTICE = "有操作等待确认：{name}。请在微信里回复任意内容查看确认码（{minutes} 分钟内有效）"
 EXPIRED_NOTICE = "有 {count} 条消息等待超过 {span}仍未能送达，已过期。"
-KEEPER_ASK = "{when} 有{what}「{name}」：回复任意内容，微信才允许我按时发送。"
 TITLES = {"reminder": "iAs 提醒", "task": "iAs 定时任务", "notice": "iAs 通知", "reply": "iAs 回复"}
 FALLBACK_KINDS = ("reminder", "task")
 BACKLOG_NOTE = "还有 {count} 条消息待发送，回复「继续」查看"
 CUT_NOTE = "（内容过长，其余 {count} 字未发送）"
 IN_DOUBT = "in doubt: sent without an answer"       # the reason of a part whose request may have landed
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def split_text(text: str, limit: int | None = limits.WECHAT_TEXT_MAX) -> list[str]:
@@ -111,21 +106,6 @@ def span(seconds: float) -> str:
     return f"{seconds:g} 秒"
 
 
-def when_text(due: datetime, now: datetime) -> str:
-    """A due time in Beijing time relative to now: 今天 18:00, 明早 07:00, 明天 15:00, 12月5日 07:00."""
-    local, today = due.astimezone(TZ), now.astimezone(TZ).date()
-    days = (local.date() - today).days
-    if days == 0:
-        day = "今天"
-    elif days == 1:
-        day = "明早" if local.hour < 12 else "明天"
-    elif days == 2:
-        day = "后天"
-    else:
-        day = f"{local.month}月{local.day}日"
-    return f"{day} {local:%H:%M}"
-
-
 @dataclass(slots=True)
 class _Held:
     """A confirmation message that could not go out yet: in memory only, never stored."""
@@ -139,9 +119,10 @@ class Outbox:
     """Queues, delivers, retries, expires and falls back; `tick` runs the periodic part."""
 
     def __init__(self, store: Store, channels: dict[str, Channel], primary: str, fallback: Fallback | None = None, *,
-                 now: Callable[[], datetime] = utcnow, expire: float = 259200.0, fallback_after: float = 600.0,
+                 now: Callable[[], datetime] = SYSTEM.now, expire: float = limits.OUTBOX_EXPIRE,
+                 fallback_after: float = limits.FALLBACK_AFTER,
                  tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = SYSTEM.monotonic):
         self.store = store
         self.channels = channels
         self.primary = primary
@@ -430,8 +411,7 @@ class Outbox:
             if not due:
                 continue
             first = due[0]
-            text = KEEPER_ASK.format(when=when_text(first.next_run_at, now),
-                                     what="提醒" if first.kind == "reminder" else "定时任务", name=first.name)
+            text = keeper_ask(first, now)
             await channel.mark_asked(user_id)
             self.keeper_asks += 1
             log.info("window keeper: asked %s to write (task %d due %s)", user_id, first.id,

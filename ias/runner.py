@@ -76,6 +76,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .clock import ZONE_NAME
 from .limits import (
     DRAIN_TIMEOUT,
     ENV_TOTAL_MAX,
@@ -404,7 +405,7 @@ class Runner:
         env.update(
             PATH=self._environ.get("PATH") or DEFAULT_PATH,
             LANG="C.UTF-8",
-            TZ="Asia/Shanghai",
+            TZ=ZONE_NAME,
             HOME=home,
             IAS_SKILL=name,
             IAS_SKILL_DIR=directory,

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Awaitable, Callable, Coroutine
 
+from .clock import SYSTEM, TZ
 from .cron import parse_schedule
 from .errors import StoreError
 from .limits import CLOCK_JUMP_TOLERANCE, SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
@@ -35,10 +35,28 @@ log = logging.getLogger(__name__)
 Execute = Callable[[Task, int], Awaitable[str]]     # runs one task (and its run id), returns what was sent to the owner
 OnStoreError = Callable[[StoreError], Awaitable[None]]
 OFF_GRID = timedelta(milliseconds=1)    # how far a moved interval task keeps clear of the slots that already ran
+KEEPER_ASK = "{when} 有{what}「{name}」：回复任意内容，微信才允许我按时发送。"
 
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+def when_text(due: datetime, now: datetime) -> str:
+    """A due time in Beijing time relative to now: 今天 18:00, 明早 07:00, 明天 15:00, 12月5日 07:00."""
+    local, today = due.astimezone(TZ), now.astimezone(TZ).date()
+    days = (local.date() - today).days
+    if days == 0:
+        day = "今天"
+    elif days == 1:
+        day = "明早" if local.hour < 12 else "明天"
+    elif days == 2:
+        day = "后天"
+    else:
+        day = f"{local.month}月{local.day}日"
+    return f"{day} {local:%H:%M}"
+
+
+def keeper_ask(task: Task, now: datetime) -> str:
+    """The window keeper's request that the owner write, naming the task due after their window closes."""
+    return KEEPER_ASK.format(when=when_text(task.next_run_at, now),
+                             what="提醒" if task.kind == "reminder" else "定时任务", name=task.name)
 
 
 def next_run(task_schedule: str, anchor: datetime, after: datetime) -> datetime | None:
@@ -50,8 +68,8 @@ def next_run(task_schedule: str, anchor: datetime, after: datetime) -> datetime 
 class Scheduler:
     """Claims due slots and runs their tasks through `execute`."""
 
-    def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = utcnow,
-                 monotonic: Callable[[], float] = time.monotonic,
+    def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = SYSTEM.now,
+                 monotonic: Callable[[], float] = SYSTEM.monotonic,
                  max_sleep: float = SCHEDULER_MAX_SLEEP, on_store_error: OnStoreError | None = None,
                  spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
         self.store = store
@@ -159,7 +177,7 @@ async def retry_later(exc: Exception) -> None:
 RETENTION_PERIOD = 86400.0      # seconds between two prunes of old history
 
 
-async def prune_daily(store: Store, days: int, *, now: Callable[[], datetime] = utcnow,
+async def prune_daily(store: Store, days: int, *, now: Callable[[], datetime] = SYSTEM.now,
                       sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                       on_store_error: OnStoreError | None = None) -> None:
     """Forever (a daemon job): remove the history older than `days` (`Store.prune_history`: what is
@@ -202,7 +220,7 @@ def _check(name: str, schedule: str, kind: str, text: str, created_at: datetime,
 
 async def add_task(store: Store, user_id: str, name: str, schedule: str, kind: str, text: str,
                    now: datetime | None = None) -> Task:
-    now = now or utcnow()
+    now = now or SYSTEM.now()
     following = _check(name, schedule, kind, text, now, now)
     if following is None:
         raise TaskError(f"the one-shot time {schedule!r} is already past")
@@ -212,7 +230,7 @@ async def add_task(store: Store, user_id: str, name: str, schedule: str, kind: s
 
 async def update_task(store: Store, task_id: int, *, name: str | None = None, schedule: str | None = None,
                       kind: str | None = None, text: str | None = None, now: datetime | None = None) -> Task:
-    now = now or utcnow()
+    now = now or SYSTEM.now()
     task = await _existing(store, task_id)
     name, kind, text = name or task.name, kind or task.kind, text or task.text
     following = _check(name, schedule or task.schedule, kind, text, task.created_at, now)   # raises TaskError
@@ -229,7 +247,7 @@ async def set_enabled(store: Store, task_id: int, enabled: bool, now: datetime |
     """Pause (no runs at all) or resume (from the next slot after now; missed ones are skipped)."""
     task = await _existing(store, task_id)
     try:
-        following = next_run(task.schedule, task.created_at, now or utcnow()) if enabled else None
+        following = next_run(task.schedule, task.created_at, now or SYSTEM.now()) if enabled else None
     except ValueError as exc:   # cron.CronError
         raise TaskError(str(exc)) from None
     if enabled and following is None:

@@ -19,6 +19,7 @@ import threading
 import time
 import unittest
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,6 +118,30 @@ class StoreTestCase(unittest.IsolatedAsyncioTestCase):
         with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
             rows = conn.execute("SELECT * FROM task_runs WHERE task_id = %s ORDER BY id DESC", (task_id,)).fetchall()
         return [SimpleNamespace(**row) for row in rows]
+
+
+class FakeClock:
+    """Simulated time with `ias.clock.Clock`'s interface, for every test: the wall clock (`at`, aware; a
+    test sets it or makes it jump alone) and the monotonic clock (`seconds`); `advance` moves both."""
+
+    def __init__(self, at: datetime, seconds: float = 1000.0):
+        self.at = at
+        self.seconds = seconds
+
+    def now(self) -> datetime:
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+    def timestamp(self) -> float:
+        """The wall clock in seconds since the epoch, for what takes that (the WeChat channel's `now`)."""
+        return self.at.timestamp()
+
+    def advance(self, seconds: float) -> None:
+        """Time passes: both clocks move on."""
+        self.at += timedelta(seconds=seconds)
+        self.seconds += seconds
 
 
 class FakeOwner:

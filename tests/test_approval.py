@@ -11,6 +11,7 @@ import tempfile
 import unittest
 import uuid
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ias import approval
@@ -19,7 +20,7 @@ from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent
 from tests.servers.llm import calls, text
-from tests.support import CODE_LINE, REPO, FakeOwner, GateTestCase, StoreTestCase, capture_logs
+from tests.support import CODE_LINE, REPO, FakeClock, FakeOwner, GateTestCase, StoreTestCase, capture_logs
 
 def unescape(shown: str) -> str:
     """Read an escaped text back, as an owner would: the test's proof that the escaping is unambiguous."""
@@ -45,16 +46,6 @@ REJECTED = {"success": False, "error": "用户拒绝了你的调用：mark_high"
 EXPIRED = {"success": False, "error": "用户没有确认操作：mark_high"}
 TOO_LONG = {"success": False, "error": "参数过长，无法请求确认：mark_high"}
 TOO_MANY = {"success": False, "error": "本轮待确认操作过多，未请求确认：mark_high"}
-
-
-class Ticker:
-    """A monotonic clock that moves only when told (`seconds`)."""
-
-    def __init__(self, seconds: float = 1000.0):
-        self.seconds = seconds
-
-    def __call__(self) -> float:
-        return self.seconds
 
 
 class ReplyGrammarTest(unittest.TestCase):
@@ -318,8 +309,8 @@ class OutcomeTest(GateTestCase):
 
     async def test_a_code_past_the_monotonic_deadline_does_not_run(self):
         """The monotonic deadline decides, even before the timer that ends the wait has fired."""
-        clock = Ticker()
-        self.approvals.monotonic = clock
+        clock = FakeClock(datetime(2026, 3, 2, tzinfo=timezone.utc))
+        self.approvals.monotonic = clock.monotonic
         task = self.call_high()
         code = await self.owner.code()
         clock.seconds += self.approvals.timeout          # the real timer (5 s) is still far off

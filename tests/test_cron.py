@@ -10,8 +10,10 @@ from datetime import date, datetime, timedelta, timezone
 from unittest import mock
 from zoneinfo import ZoneInfoNotFoundError
 
+import ias.clock
 import ias.cron
-from ias.cron import TZ, CronError, Schedule, describe, next_after, parse_schedule
+from ias.clock import TZ
+from ias.cron import CronError, Schedule, describe, next_after, parse_schedule
 
 UTC = timezone.utc
 
@@ -278,16 +280,24 @@ class CronFieldTest(unittest.TestCase):
                 next_after(expr, WED)
 
 
+def fresh(name: str, path: str):
+    """A new, not yet executed module object for the source at `path`."""
+    return importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+
+
 class FallbackZoneTest(unittest.TestCase):
     """Without tzdata the module falls back to a fixed +08:00 zone and still works."""
 
     def test_fixed_offset_fallback(self):
-        spec = importlib.util.spec_from_file_location("ias._cron_fallback", ias.cron.__file__)
-        module = importlib.util.module_from_spec(spec)
-        # dataclasses look the module up in sys.modules while the class is built.
+        clock = fresh("ias.clock", ias.clock.__file__)
+        module = fresh("ias._cron_fallback", ias.cron.__file__)
+        # dataclasses look the module up in sys.modules while the class is built; cron's `from .clock
+        # import TZ` takes the clock module loaded without tzdata.
         with mock.patch("zoneinfo.ZoneInfo", side_effect=ZoneInfoNotFoundError("no tzdata")), \
-                mock.patch.dict(sys.modules, {"ias._cron_fallback": module}):
-            spec.loader.exec_module(module)
+                mock.patch.dict(sys.modules, {"ias.clock": clock, "ias._cron_fallback": module}):
+            clock.__spec__.loader.exec_module(clock)
+            module.__spec__.loader.exec_module(module)
+        self.assertIs(module.TZ, clock.TZ)
         tz = module.TZ
         self.assertIsInstance(tz, timezone)
         self.assertEqual(str(tz), "Asia/Shanghai")

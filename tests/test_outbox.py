@@ -14,7 +14,7 @@ from ias.channels.console import ConsoleChannel
 from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
 from ias import limits
 from ias.config import mail_server
-from ias.cron import TZ
+from ias.clock import TZ
 from ias.ilink import Credentials
 from ias.llm import LLM
 from ias.notifiers import Email, Fallback, Notice, WeComRobot, Webhook
@@ -24,23 +24,10 @@ from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
 from tests.servers.mail import SMTPServer
 from tests.servers.webhook import WebhookServer, WeComServer
-from tests.support import REPO, FakeChannel, GateTestCase, capture_logs, until
+from tests.support import REPO, FakeChannel, FakeClock, GateTestCase, capture_logs, until
 
 KEEPER = "回复任意内容，微信才允许我按时发送。"
 DAY1 = datetime(2026, 3, 2, 5, 0, tzinfo=TZ)        # a Monday, Beijing time
-
-
-class Clock:
-    """Simulated time for everything at once: the channel reads epoch seconds, the rest datetimes."""
-
-    def __init__(self, at: datetime):
-        self.at = at
-
-    def __call__(self) -> float:
-        return self.at.timestamp()
-
-    def now(self) -> datetime:
-        return self.at
 
 
 def texts(server: ILinkServer) -> list[str]:
@@ -54,7 +41,7 @@ class OutboxTestCase(GateTestCase):
         await super().asyncSetUp()
         self.ilink = ILinkServer(hold=0.3).start()
         self.hook = WebhookServer().start()
-        self.clock = Clock(DAY1)
+        self.clock = FakeClock(DAY1)
         self.channels: list[WeChatChannel] = []
         self.llm = None
         self.restart()
@@ -63,7 +50,7 @@ class OutboxTestCase(GateTestCase):
         """New channel, outbox and router over the same store: what a daemon restart builds."""
         self.channel = WeChatChannel(self.store, Credentials(self.ilink.token, self.ilink.base_url, self.ilink.bot_id,
                                                              self.ilink.owner),
-                                     now=self.clock, retry_delay=0.05, backoff_delay=0.1)
+                                     now=self.clock.timestamp, retry_delay=0.05, backoff_delay=0.1)
         self.channels.append(self.channel)
         self.fallback = fallback or Fallback([Webhook(self.hook.url)], retry_delay=0.01)
         self.use(self.build(llm=llm or self.llm, channels=[self.channel], primary=self.channel, now=self.clock.now,
@@ -240,8 +227,7 @@ class HeldConfirmationTest(OutboxTestCase):
         await self.start()
         await self.owner_writes("/help")
         self.clock.at = DAY1 + timedelta(days=2)                    # the window shut long ago
-        ticks = [0.0]
-        self.outbox.monotonic = lambda: ticks[0]
+        self.outbox.monotonic = self.clock.monotonic                # moved by the test alone
         held = await self.outbox.urgent(self.ilink.owner, self.channel.name, "确认码：123456", "mark_high", 60)
         self.assertIsInstance(held, asyncio.Event)
         self.clock.at += timedelta(hours=2)                         # the wall clock jumps (a Pi's NTP sync)
@@ -254,7 +240,7 @@ class HeldConfirmationTest(OutboxTestCase):
         self.clock.at += timedelta(days=2)
         second = await self.outbox.urgent(self.ilink.owner, self.channel.name, "确认码：111111", "mark_high", 60)
         self.assertIsInstance(second, asyncio.Event)
-        ticks[0] += 61                                              # its time is over on the monotonic clock
+        self.clock.seconds += 61                                    # its time is over on the monotonic clock
         await self.outbox.tick()
         await self.owner_writes("/help")
         self.assertNotIn("确认码：111111", texts(self.ilink))
@@ -495,7 +481,7 @@ class RepliesFirstTest(OutboxTestCase):
         before = len(self.ilink.sent)
         for question in ("今天天气怎么样", "明天呢"):                 # two questions in a row
             self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, question))
-        self.channel._peers[self.ilink.owner].last_inbound = self.clock()     # what the channel records
+        self.channel._peers[self.ilink.owner].last_inbound = self.clock.timestamp()     # what the channel records
         await self.outbox.tick()                                    # the turns still run: nothing goes
         self.assertEqual(len(self.ilink.sent), before)
         self.assertEqual(await self.outbox.send(self.ilink.owner, "晴，25 度。"), "delivered")
@@ -505,13 +491,13 @@ class RepliesFirstTest(OutboxTestCase):
 
     async def test_what_waits_is_held_for_an_answer_that_never_comes_only_so_long(self):
         await self.start()
+        self.outbox.monotonic = self.clock.monotonic
         await self.outbox.send(self.ilink.owner, "提醒", kind="reminder", due=self.clock.at)
         self.assertFalse(await self.outbox.inbound(self.ilink.owner, self.channel.name, "你好"))
-        self.channel._peers[self.ilink.owner].last_inbound = self.clock()
+        self.channel._peers[self.ilink.owner].last_inbound = self.clock.timestamp()
         await self.outbox.tick()
         self.assertEqual(self.ilink.sent, [])                       # its turn failed without a queued answer
-        later = self.outbox.monotonic() + limits.OUTBOX_ANSWER_HOLD
-        self.outbox.monotonic = lambda: later
+        self.clock.seconds += limits.OUTBOX_ANSWER_HOLD
         await self.outbox.tick()
         self.assertEqual(texts(self.ilink), ["提醒"])
 

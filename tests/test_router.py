@@ -4,6 +4,7 @@ import io
 import json
 import random
 import re
+from datetime import datetime, timezone
 from unittest import mock
 
 from ias.agent import HELP
@@ -16,7 +17,7 @@ from ias.router import DB_DOWN, HELD, NOTHING_PENDING
 from ias.store import Store
 from tests.servers import closed_port
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import CODE_LINE, FIXTURES, FakeChannel, FlakyStore, GateTestCase, granted, until
+from tests.support import CODE_LINE, FIXTURES, FakeChannel, FakeClock, FlakyStore, GateTestCase, granted, until
 
 
 class RouterTestCase(GateTestCase):
@@ -202,14 +203,14 @@ class DatabaseDownTest(RouterTestCase):
 
     async def test_a_code_held_past_the_approvals_time_is_not_applied(self):
         self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没有标。"))
-        clock = [0.0]
-        self.app.approvals.monotonic = lambda: clock[0]
+        clock = FakeClock(datetime(2026, 3, 2, tzinfo=timezone.utc))
+        self.app.approvals.monotonic = clock.monotonic
         turn = self.send("请标记")
         code = CODE_LINE.search(await self.channel.wait_for("确认码：")).group(1)
         await self.lose()
         reply = self.send(code)
         await self.channel.wait_for(HELD)
-        clock[0] += self.app.approvals.timeout + 1      # the outage outlasted the approval's time
+        clock.seconds += self.app.approvals.timeout + 1      # the outage outlasted the approval's time
         self.restore()
         await asyncio.wait_for(reply, 10)
         self.assertNotIn(("owner", "已确认，正在执行：mark_high"), self.channel.sent)

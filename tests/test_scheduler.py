@@ -4,41 +4,24 @@ import json
 import os
 import subprocess
 import sys
+import unittest
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from ias.cron import TZ
+from ias.clock import TZ
 from ias.llm import LLM
-from ias.scheduler import Scheduler, TaskError, add_task, set_enabled, update_task
-from ias.store import Store
+from ias.scheduler import Scheduler, TaskError, add_task, keeper_ask, set_enabled, update_task, when_text
+from ias.store import Store, Task
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import CODE_LINE, REPO, FakeChannel, GateTestCase, StoreTestCase
+from tests.support import CODE_LINE, REPO, FakeChannel, FakeClock, GateTestCase, StoreTestCase
 
 T0 = datetime(2026, 12, 2, 7, 0, tzinfo=TZ)          # a Wednesday morning, Beijing time
-
-
-class Clock:
-    """Simulated time: the wall clock (`now`, may jump) and a monotonic clock (`seconds`), apart."""
-
-    def __init__(self, now: datetime):
-        self.now = now
-        self.seconds = 1000.0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.seconds
-
-    def advance(self, seconds: float) -> None:
-        """Time passes: both clocks move on."""
-        self.now += timedelta(seconds=seconds)
-        self.seconds += seconds
 
 
 class Recorder:
     """An `execute` that records what ran, and when by the monotonic clock (if given one)."""
 
-    def __init__(self, clock: Clock | None = None):
+    def __init__(self, clock: FakeClock | None = None):
         self.clock = clock
         self.ran: list[tuple[int, str]] = []
         self.at: list[float] = []
@@ -50,15 +33,39 @@ class Recorder:
         return task.text
 
 
+class PresentationTest(unittest.TestCase):
+    """How a due task is named to the owner: Beijing time, relative to today there."""
+
+    def test_when_text(self):
+        now = datetime(2026, 12, 2, 23, 30, tzinfo=TZ)
+        for due, words in ((datetime(2026, 12, 2, 23, 45, tzinfo=TZ), "今天 23:45"),
+                           (datetime(2026, 12, 3, 7, 0, tzinfo=TZ), "明早 07:00"),
+                           (datetime(2026, 12, 3, 15, 0, tzinfo=TZ), "明天 15:00"),
+                           (datetime(2026, 12, 4, 9, 5, tzinfo=TZ), "后天 09:05"),
+                           (datetime(2026, 12, 5, 7, 0, tzinfo=TZ), "12月5日 07:00")):
+            with self.subTest(words=words):
+                self.assertEqual(when_text(due, now), words)
+        # Stored times are UTC: 23:00 UTC is 07:00 the next morning in Beijing.
+        self.assertEqual(when_text(datetime.fromisoformat("2026-12-02T23:00:00+00:00"), now), "明早 07:00")
+
+    def test_keeper_ask(self):
+        now = datetime(2026, 12, 2, 20, 0, tzinfo=TZ)
+        task = Task(1, "owner", "吃药", "0 8 * * *", "reminder", "该吃药了", True, datetime(2026, 12, 3, 8, 0, tzinfo=TZ),
+                    now, now)
+        self.assertEqual(keeper_ask(task, now), "明早 08:00 有提醒「吃药」：回复任意内容，微信才允许我按时发送。")
+        task = replace(task, name="早报", kind="prompt", next_run_at=datetime(2026, 12, 3, 15, 0, tzinfo=TZ))
+        self.assertEqual(keeper_ask(task, now), "明天 15:00 有定时任务「早报」：回复任意内容，微信才允许我按时发送。")
+
+
 class SchedulerTest(StoreTestCase):
     async def asyncSetUp(self):
         await super().asyncSetUp()
-        self.clock = Clock(T0)
+        self.clock = FakeClock(T0)
         self.recorder = Recorder(self.clock)
-        self.scheduler = Scheduler(self.store, self.recorder, now=self.clock, monotonic=self.clock.monotonic)
+        self.scheduler = Scheduler(self.store, self.recorder, now=self.clock.now, monotonic=self.clock.monotonic)
 
     async def tick(self, at: datetime, scheduler: Scheduler | None = None) -> int:
-        self.clock.now = at
+        self.clock.at = at
         runs = await (scheduler or self.scheduler).tick()
         await asyncio.gather(*runs)
         return len(runs)
@@ -86,12 +93,12 @@ class SchedulerTest(StoreTestCase):
 
     async def test_two_loops_on_one_database_run_each_slot_once(self):
         other_store = await Store.open(self.dsn)
-        other = Scheduler(other_store, self.recorder, now=self.clock)
+        other = Scheduler(other_store, self.recorder, now=self.clock.now)
         try:
             tasks = [await add_task(self.store, "owner", f"t{i}", "every 1m", "reminder", str(i), now=T0)
                      for i in range(5)]
             for minute in range(1, 11):
-                self.clock.now = T0 + timedelta(minutes=minute)
+                self.clock.at = T0 + timedelta(minutes=minute)
                 runs = await asyncio.gather(self.scheduler.tick(), other.tick())
                 await asyncio.gather(*runs[0], *runs[1])
             self.assertEqual(len(self.recorder.ran), 5 * 10)
@@ -142,7 +149,7 @@ class SchedulerTest(StoreTestCase):
     async def test_failed_run_is_recorded_and_not_repeated(self):
         async def broken(task, run_id):
             raise RuntimeError("channel down")
-        scheduler = Scheduler(self.store, broken, now=self.clock)
+        scheduler = Scheduler(self.store, broken, now=self.clock.now)
         task = await add_task(self.store, "owner", "t", "0 8 * * *", "reminder", "x", now=T0)
         self.assertEqual(await self.tick(T0.replace(hour=8), scheduler), 1)
         self.assertEqual(await self.tick(T0.replace(hour=8, minute=5), scheduler), 0)
@@ -164,7 +171,7 @@ class SchedulerTest(StoreTestCase):
             while pending and pending[0][0] <= wake:
                 at, step = pending.pop(0)
                 self.clock.advance(at - self.clock.seconds)
-                self.clock.now += step
+                self.clock.at += step
             self.clock.advance(wake - self.clock.seconds)
             if self.clock.seconds >= end:
                 over.set()

@@ -7,6 +7,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 
 from ias import limits
 from ias.channels.base import Inbound
@@ -15,19 +16,9 @@ from ias.errors import ConfigError
 from ias.ilink import CHANNEL, Credentials, WeChatError
 from ias.wechat_login import credentials, login, logout, redirect_url, status
 from tests.servers.ilink import ILinkServer
-from tests.support import FIXTURES, REPO, StoreTestCase
+from tests.support import FIXTURES, REPO, FakeClock, StoreTestCase
 
 HOUR = 3600.0
-
-
-class Clock:
-    """Wall-clock seconds that only move when a test says so."""
-
-    def __init__(self, t: float = 1_700_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class WeChatTestCase(StoreTestCase):
@@ -36,7 +27,7 @@ class WeChatTestCase(StoreTestCase):
     async def asyncSetUp(self) -> None:
         await super().asyncSetUp()
         self.server = ILinkServer(hold=self.hold).start()
-        self.clock = Clock()
+        self.clock = FakeClock(datetime.fromtimestamp(1_700_000_000, timezone.utc))
         self.delivered: list[Inbound] = []
         self.channels: list[WeChatChannel] = []
 
@@ -53,7 +44,7 @@ class WeChatTestCase(StoreTestCase):
     async def channel(self, **options) -> WeChatChannel:
         options.setdefault("retry_delay", 0.05)
         options.setdefault("backoff_delay", 0.5)
-        channel = WeChatChannel(self.store, self.credentials(), now=self.clock, **options)
+        channel = WeChatChannel(self.store, self.credentials(), now=self.clock.timestamp, **options)
         self.channels.append(channel)
         await channel.start(self.deliver)
         return channel
@@ -227,7 +218,7 @@ class LoginStateTest(WeChatTestCase):
                 f"owner: {self.server.owner}", "cursor: False", "last_inbound: None", "stale: False",
                 "stale_since: None"])
             self.assertIn(f"ok    channel: WeChat, owner {self.server.owner}\n", await ias("doctor"))
-            await self.store.set_state(CHANNEL, "stale", {"at": self.clock(), "detail": "session timeout"})
+            await self.store.set_state(CHANNEL, "stale", {"at": self.clock.timestamp(), "detail": "session timeout"})
             self.assertIn("FAIL  channel: WeChat session expired: run `ias wechat login`\n", await ias("doctor"))
             self.assertIn("stale: True\n", await ias("wechat", "status"))
 
@@ -335,7 +326,7 @@ class SendTest(WeChatTestCase):
         self.assertTrue(all(m["client_id"].startswith("ias-") for m in sent))
         self.assertEqual(sent[0]["item_list"], [{"type": 1, "text_item": {"text": "收到"}}])
         await self.channels[0].stop()
-        restarted = WeChatChannel(self.store, self.credentials(), now=self.clock)    # the token from the store
+        restarted = WeChatChannel(self.store, self.credentials(), now=self.clock.timestamp)    # the token from the store
         self.assertTrue(await restarted.send(self.server.owner, "重启之后"))
         self.assertEqual(self.server.sent[-1]["context_token"], "ctx-b")
 
@@ -363,9 +354,9 @@ class SendTest(WeChatTestCase):
         channel = await self.channel()
         self.assertFalse(await channel.send(self.server.owner, "还没有人说过话"))
         await self.inbound()
-        self.clock.t += 22 * HOUR
+        self.clock.advance(22 * HOUR)
         self.assertTrue(await channel.send(self.server.owner, "二十二小时后"))
-        self.clock.t += 1 * HOUR + 1
+        self.clock.advance(1 * HOUR + 1)
         with self.assertLogs("ias.channels.wechat", "WARNING"):
             self.assertFalse(await channel.send(self.server.owner, "太晚了"))
         self.assertEqual(len(self.server.sent), 1)
