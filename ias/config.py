@@ -51,6 +51,11 @@ _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKE
             "notify_webhook_token": "IAS_NOTIFY_WEBHOOK_TOKEN"}
 
 
+def _in_data_dir(name: str, doc: str) -> property:
+    """A Config property: the path `name` in the data directory (already absolute: data_dir is)."""
+    return property(lambda config: config.data_dir / name, doc=doc)
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Everything configurable, resolved once at start."""
@@ -70,7 +75,7 @@ class Config:
     wechat_window: float = WECHAT_REPLY_WINDOW  # seconds after the owner's last message in which WeChat sends are tried
     wechat_budget: int = WECHAT_SEND_BUDGET  # bot messages per owner message, the last being "reply to continue"
     outbox_expire: float = OUTBOX_EXPIRE  # seconds a queued message may wait before it expires
-    fallback_after: float = FALLBACK_AFTER  # seconds past its due time before a reminder/task result goes to the fallback
+    fallback_after: float = FALLBACK_AFTER  # seconds past due before a reminder/task result goes to the fallback
     retention_days: int = RETENTION_DAYS  # history, settled outbox rows and task runs older than this are pruned daily
     notify_email: str | None = None
     notify_wecom_url: str | None = None
@@ -104,41 +109,14 @@ class Config:
         """The secret key (approval codes, the audit chain): IAS_SECRET_KEY_FILE, else in the data directory."""
         return self.secret_key_file or self.data_dir / "secret.key"
 
-    @property
-    def audit_head(self) -> Path:
-        """The audit chain's newest row (id and keyed value), kept outside the database."""
-        return self.data_dir / "audit.head"
-
-    @property
-    def cluster_dir(self) -> Path:
-        """The embedded PostgreSQL cluster (without IAS_DATABASE_URL); its password, user and start-lock
-        files are siblings (`pg.password`, …: pgcluster.Cluster names them)."""
-        return self.data_dir / "pg"
-
-    @property
-    def run_dir(self) -> Path:
-        """Each skill run's private directory (HOME and /tmp), removed when the run ends."""
-        return self.data_dir / "runs"
-
-    @property
-    def daemon_lock(self) -> Path:
-        """The daemon's single-instance lock (a flock held while it runs)."""
-        return self.data_dir / "daemon.lock"
-
-    @property
-    def unwritten_file(self) -> Path:
-        """Skill ends the daemon could not write to the database before it exited (unwritten.py)."""
-        return self.data_dir / "unwritten-ends.jsonl"
-
-    @property
-    def skills_cache(self) -> Path:
-        """The parsed skill directories, for the `skills` listing."""
-        return self.data_dir / "skills.cache.json"
-
-    @property
-    def mcp_cache(self) -> Path:
-        """The directory of each MCP server's last tool list (`<skill>.json`)."""
-        return self.data_dir / "mcp"
+    audit_head = _in_data_dir("audit.head", "The audit chain's newest row (id and keyed value), outside the database.")
+    cluster_dir = _in_data_dir("pg", "The embedded PostgreSQL cluster (no IAS_DATABASE_URL); pgcluster.Cluster names "
+                                     "its sibling files (pg.password, pg.users, pg.lock).")
+    run_dir = _in_data_dir("runs", "The skill runs' and MCP servers' private HOMEs (what crash recovery looks at).")
+    daemon_lock = _in_data_dir("daemon.lock", "The daemon's single-instance lock (a flock held while it runs).")
+    unwritten_file = _in_data_dir("unwritten-ends.jsonl", "Skill ends a stopping daemon could not write yet.")
+    skills_cache = _in_data_dir("skills.cache.json", "The parsed skill directories, for the `skills` listing.")
+    mcp_cache = _in_data_dir("mcp", "Each MCP server's last tool list (`<skill>.json`).")
 
 
 def absolute(path: str | os.PathLike) -> Path:
