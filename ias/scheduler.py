@@ -16,6 +16,9 @@ the wall clock: their slots are wall times, and one that already ran is not run 
 interval task's next slot lies on the grid through its last slot: the grid of its creation,
 unless a jump back moved it (then off the old grid, whose times in the span lived twice
 already ran).
+
+Also here: how a due task is named to the owner (`when_text`, and `keeper_ask`, the outbox's
+window-keeper request), in Beijing time (clock.TZ).
 """
 from __future__ import annotations
 
