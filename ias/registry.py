@@ -209,9 +209,9 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 2       # 2: the ## Sandbox policy
+CACHE_VERSION = 3       # 2: the ## Sandbox policy; 3: Skill.kind
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
-                  "parameters_line", "builtin")
+                  "parameters_line", "kind", "builtin")
 
 
 def _lazy(parameters: dict) -> Callable[[object], list[str]]:
@@ -475,7 +475,7 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=made.validator, source=server.source,
-                             parameters_line=server.line, mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
+                             parameters_line=server.line, kind="mcp", mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")

@@ -219,7 +219,7 @@ class FirstListingTest(McpTestCase):
         servers = Servers(self.registry, self.runner, self.tmp / "mcp", tells_owner=True)
         try:
             await servers.check("demo")
-            await servers.call(self.registry.get("demo__grow"), {})
+            await servers.run(self.registry.get("demo__grow"), {}, "owner")
             await until(lambda: "extra" in json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
             self.assertEqual(self.registry.get("demo__extra").risk, "high")
         finally:
@@ -455,16 +455,13 @@ class RelaxTest(unittest.TestCase):
 
 class ResultTest(unittest.TestCase):
     def test_content_kinds(self):
-        from ias.mcp import CallResult
-        call = CallResult("s", 5, result={"content": [{"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
-                                                      {"type": "resource_link", "uri": "file:///a", "name": "a"},
-                                                      {"type": "weird"}, "junk"]})
-        self.assertEqual(results.of_mcp(call)["output"].splitlines(),
+        answer = {"content": [{"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
+                              {"type": "resource_link", "uri": "file:///a", "name": "a"}, {"type": "weird"}, "junk"]}
+        self.assertEqual(results.of_mcp("s", answer)["output"].splitlines(),
                          ["[audio audio/wav, 3 bytes]", "[resource link file:///a a]", "[weird content]"])
-        self.assertEqual(results.of_mcp(CallResult("s", 5, result={"isError": True})),
-                         {"success": False, "error": "MCP 工具报告错误：s"})
-        huge = CallResult("s", 5, result={"content": [], "structuredContent": {"k": "v" * 70000}})
-        self.assertEqual(results.of_mcp(huge), {"success": True, "output": "", "truncated": True})
+        self.assertEqual(results.of_mcp("s", {"isError": True}), {"success": False, "error": "MCP 工具报告错误：s"})
+        huge = {"content": [], "structuredContent": {"k": "v" * 70000}}
+        self.assertEqual(results.of_mcp("s", huge), {"success": True, "output": "", "truncated": True})
 
 
 class CliTest(unittest.TestCase):
