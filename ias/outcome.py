@@ -5,8 +5,11 @@ An executor is anything with `async run(skill, params, user) -> Outcome`: the sc
 The gate picks one by `Skill.kind` and never asks which it was; the `skill_finished` audit row
 and the result the model reads come from the Outcome alone.
 
-Not handled here: what the model reads is made by results.py (each executor calls it), and an
-executor's own facts (a process's stdout and stderr, an MCP server's raw answer) stay with it.
+`RunResult` is the script runner's own facts about one process (its output, why it ended),
+kept here beside Outcome so results.py can read them without importing the runner.
+
+Not handled here: what the model reads is made by results.py (each executor calls it); an MCP
+server's raw answer stays in mcp.py.
 """
 from __future__ import annotations
 
@@ -35,6 +38,22 @@ class Outcome:
         """The `skill_finished` columns this call fills (AuditEntry keywords); `decision` is the gate's."""
         return {"exit_code": self.exit_code, "output_size": self.output_size, "truncated": self.truncated,
                 "duration_ms": int(self.duration * 1000)}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What one run did: exit status, held output and why it ended — facts only; `results.of_run`
+    turns them into what the model sees."""
+    skill: str
+    exit_code: int | None        # negative = killed by that signal
+    stdout: str                  # held stdout, at most OUTPUT_HELD_MAX bytes before decoding
+    stderr: str                  # the tail of stderr
+    timed_out: bool
+    overflowed: bool             # stdout passed OUTPUT_HELD_MAX and the group was killed
+    timeout: float               # the timeout that applied
+    duration: float              # seconds from spawn to the end of the run
+    output_size: int             # stdout bytes seen, held or not
+    started_at: float            # time.monotonic() right after the spawn
 
 
 class Executor(Protocol):

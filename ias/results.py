@@ -22,7 +22,7 @@ from .limits import (ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, 
                      TOOL_RESULT_MAX)
 
 if TYPE_CHECKING:
-    from .runner import RunResult
+    from .outcome import RunResult
 
 
 def of_run(run: RunResult) -> dict:

@@ -84,7 +84,7 @@ from .limits import (
     STDERR_HELD_MAX,
 )
 from . import results
-from .outcome import Outcome
+from .outcome import Outcome, RunResult
 from .processes import end_leftovers, group_alive, identity, pdeathsig, remove_tree, signal_group, terminate
 from .sandbox import Policy, Sandbox, with_trust_store
 from .skills import RESERVED_ENV, Skill
@@ -93,22 +93,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _NOT_ENV_NAME = re.compile(r"[^A-Z0-9_]")
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """What one run did: exit status, held output and why it ended — facts only; `results.of_run`
-    turns them into what the model sees."""
-    skill: str
-    exit_code: int | None        # negative = killed by that signal
-    stdout: str                  # held stdout, at most OUTPUT_HELD_MAX bytes before decoding
-    stderr: str                  # the tail of stderr
-    timed_out: bool
-    overflowed: bool             # stdout passed OUTPUT_HELD_MAX and the group was killed
-    timeout: float               # the timeout that applied
-    duration: float              # seconds from spawn to the end of the run
-    output_size: int             # stdout bytes seen, held or not
-    started_at: float            # time.monotonic() right after the spawn
 
 
 @dataclass(frozen=True, slots=True, eq=False)

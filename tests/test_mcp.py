@@ -10,6 +10,7 @@ import time
 import tracemalloc
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from ias import results, schema
 from ias.changes import ADDED, MODIFIED, Change
@@ -17,6 +18,7 @@ from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
+from ias.supervisor import Supervisor
 from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
                            granted, until, with_env)
 
@@ -339,6 +341,27 @@ class LifecycleTest(McpTestCase):
         finally:
             await servers.close()
         self.assertEqual(self.server_pids(), [])
+
+    async def test_a_keeper_dying_of_the_unexpected_stops_the_daemon_loudly(self):
+        # STYLE 14: a keeper dying of anything but McpError used to vanish with its bare ensure_future.
+        records = capture_logs(self)
+        supervisor = Supervisor()
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", spawn=supervisor.spawn)
+        with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
+            servers.keep()
+            await asyncio.wait_for(supervisor.failed.wait(), 10)
+            await servers.close()
+        self.assertRegex(supervisor.reason, r"task mcp (demo|picky) keeper crashed: RuntimeError\('unexpected'\)")
+        self.assertTrue(any(r.levelname == "CRITICAL" and r.exc_info for r in records))
+
+    async def test_without_a_supervisor_a_dying_keeper_is_logged(self):
+        records = capture_logs(self)
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp")      # a one-off command's
+        with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
+            servers.keep()
+            await until(lambda: sum("keeper crashed" in r.getMessage() for r in records) == 2)
+            await servers.close()
+        self.assertTrue(all(r.exc_info for r in records if "keeper crashed" in r.getMessage()))
 
 
 class SkillFileTest(unittest.TestCase):

@@ -5,7 +5,7 @@ import unittest
 
 from ias import results
 from ias.limits import ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_NAME_SHOWN, TOOL_RESULT_MAX
-from ias.runner import RunResult
+from ias.outcome import RunResult
 
 
 def run(**facts) -> RunResult:

@@ -19,7 +19,8 @@ from unittest import mock
 
 from ias import processes, results, runner as runner_module, schema
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
-from ias.runner import Runner, RunResult
+from ias.outcome import RunResult
+from ias.runner import Runner
 from ias.sandbox import Policy
 from ias.skills import Skill
 from tests.support import until, with_env
