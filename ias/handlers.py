@@ -15,17 +15,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from . import results
+from .cron import TZ, describe, parse_schedule
 from .errors import IasError
 from .limits import FIND_SKILLS_DEFAULT
 from .outcome import Outcome
-
-if TYPE_CHECKING:
-    from .registry import Registry
-    from .skills import Skill
-    from .store import Store
+from .registry import Registry
+from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
+from .skills import Skill
+from .store import Store
 
 # `## Builtin` name (skills.BUILTIN_NAMES) -> method of Handlers.
 HANDLERS = {"tasks.list": "tasks_list", "tasks.manage": "tasks_manage", "skills.find": "skills_find"}
@@ -60,7 +60,6 @@ class Handlers:
         return {"success": True, "tasks": [task_json(t, upcoming(t)[:1]) for t in tasks]}
 
     async def tasks_manage(self, params: dict, user_id: str) -> dict:
-        from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
         action = params["action"]
         try:
             if action == "add":
@@ -109,7 +108,6 @@ def one_line(text: str, limit: int = 160) -> str:
 
 def upcoming(task) -> list:
     """The task's next run and the two after it, in Beijing time; none when paused or done."""
-    from .cron import TZ, describe, parse_schedule
     if not task.enabled or task.next_run_at is None:
         return []
     first = task.next_run_at.astimezone(TZ)
