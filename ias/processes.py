@@ -41,14 +41,19 @@ _RUN_DIR = re.compile(r"run-(\d+)-(\d+)-[^/]+")
 _setpriv: list[str] | None = None        # the pdeathsig prefix, once known ([] = not available)
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of process `pid` (clock ticks since boot), None when it is gone or a zombie."""
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
+            return f.read().rpartition(b")")[2].split()
     except OSError:
         return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot), None when it is gone or a zombie."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def identity() -> tuple[int, int]:
@@ -105,12 +110,8 @@ def members(pgid: int) -> set[int]:
     except OSError:
         return members
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+        fields = _stat(pid)
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
             members.add(int(pid))
     return members
 
