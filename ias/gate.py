@@ -9,12 +9,13 @@ call's result are written by a task of their own, which neither a cancelled turn
 shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them (the
 database is down), the owner is told that the call ran, and they are kept in memory and written
 when the database is back (a daemon that stops first keeps them in a file for its next start),
-so the call is never taken for interrupted.
-
-Which executor runs a skill is looked up by `Skill.kind` in the mapping the gate is given
-(outcome.py: every executor returns one `Outcome`); the gate never asks how a skill runs. `skill_started` and `skill_finished` carry the same `detail`, a call
+so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
+
+Which executor runs a skill is looked up by `Skill.kind` in the mapping the gate is given
+(outcome.py: every executor returns one `Outcome`, which alone fills `skill_finished`); the
+gate never asks how a skill runs. A call in flight is one frozen `Call`.
 """
 from __future__ import annotations
 
