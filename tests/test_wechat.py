@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict
 
 from ias import limits
-from ias.channels.base import Inbound
-from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel, split_text
+from ias.channels.base import Inbound, split_text
+from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel
 from ias.errors import ConfigError
 from ias.ilink import CHANNEL, Credentials, WeChatError
 from ias.wechat_login import credentials, login, logout, redirect_url, status
@@ -366,7 +366,7 @@ class SendTest(WeChatTestCase):
         self.clock.t += 22 * HOUR
         self.assertTrue(await channel.send(self.server.owner, "二十二小时后"))
         self.clock.t += 1 * HOUR + 1
-        with self.assertLogs("ias.channels.wechat", "WARNING"):
+        with self.assertLogs("ias.channels", "WARNING"):
             self.assertFalse(await channel.send(self.server.owner, "太晚了"))
         self.assertEqual(len(self.server.sent), 1)
 
