@@ -5,7 +5,7 @@ a note), each a row with the `client_id` it is always sent with, so a part is ne
 across restarts. Replies first: once the owner writes, what waits is held (OUTBOX_ANSWER_HOLD at
 most) until the answer to their message is queued; that answer (and, on `继续`, what is left of it)
 goes out first, then the rest oldest first, within what the channel can take now (`Channel.room`:
-WeChat's window and per-message budget):
+WeChat's window and per-message budget; the note rule is `channels.base.budget`, which direct sends share):
 - budget spent: the last allowed message is the channel's note ("reply to continue") while the
   answer is not out, else the summary `还有 N 条消息待发送，回复「继续」查看`; a backlog that does not
   fit behind an answer is not started, only summarised; the rest waits and goes out when the owner

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 
 from ias import limits
-from ias.channels.base import Inbound, split_text
+from ias.channels.base import Inbound
 from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel
 from ias.errors import ConfigError
 from ias.ilink import CHANNEL, Credentials, WeChatError
@@ -345,19 +345,6 @@ class SendTest(WeChatTestCase):
         self.server.send_replies.append({"ret": -2, "errmsg": "rate limited"})
         self.assertFalse(await channel.send(self.server.owner, "被拒绝"))
         self.assertTrue(await channel.send(self.server.owner, "这次可以"))
-
-    async def test_long_text_is_split_on_lines(self):
-        channel = await self.channel()
-        await self.inbound()
-        lines = [f"第{i}行：" + "字" * 90 for i in range(100)]
-        text = "\n".join(lines)
-        self.assertTrue(await channel.send(self.server.owner, text))
-        parts = [m["item_list"][0]["text_item"]["text"] for m in self.server.sent]
-        self.assertGreater(len(parts), 1)
-        self.assertTrue(all(len(p) <= limits.WECHAT_TEXT_MAX for p in parts))
-        self.assertEqual("\n".join(parts), text)
-        self.assertEqual(split_text("x" * 9000), ["x" * 4000, "x" * 4000, "x" * 1000])
-        self.assertEqual(split_text("  \n "), [])
 
     async def test_no_send_outside_the_24_hour_window(self):
         channel = await self.channel()
