@@ -181,7 +181,7 @@ class WeChatContractTest(ChannelContract, WeChatTestCase):
         return [m["item_list"][0]["text_item"]["text"] for m in self.server.sent]
 
     async def owner_writes(self) -> None:
-        self.clock.t += 60
+        self.clock.advance(60)
         await self.inbound("又来了")
 
     async def test_the_budget_note_is_the_wechat_one(self):
