@@ -1,7 +1,8 @@
 """The composition root: the only place iAs's objects are built and wired together.
 
-Building only: the daemon's lifecycle is `daemon`, one-off runs are `oneoff`, the command line
-is `cli`/`commands`/`doctor` (which build nothing themselves, but through the functions here).
+Building only. Not handled here: running what is built — the daemon's lifecycle is `daemon`,
+one-off runs are `oneoff`, the command line is `cli`/`commands`/`doctor` (which construct
+nothing themselves: what they need comes from the functions here).
 """
 from __future__ import annotations
 
