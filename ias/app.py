@@ -17,7 +17,7 @@ from . import ilink, sandbox
 from .agent import Agent
 from .approval import Approvals, load_key
 from .auditchain import AuditChain
-from .builtins import Builtins
+from .handlers import Handlers
 from .channels.base import Channel
 from .channels.wechat import WeChatChannel
 from .config import Config
@@ -87,8 +87,10 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = make_catalog(config, skills)
-    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
-    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels),
+                  spawn=spawn)
+    handlers = Handlers(store, skills, catalog.search)
+    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor)
     router = outbox = None

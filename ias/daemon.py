@@ -25,8 +25,8 @@ from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
 from .locks import FileLock
 from .monitor import DatabaseMonitor, DiskWatch
 from .pgcluster import Cluster
+from .processes import recover
 from .registry import Registry
-from .runner import recover
 from .scheduler import Scheduler, prune_daily, retry_later
 from .store import AuditEntry
 from .supervisor import Supervisor
