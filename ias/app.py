@@ -1,49 +1,41 @@
-"""The composition root: the only place iAs's objects are built and wired together."""
+"""The composition root: the only place iAs's objects are built and wired together.
+
+Building only. Not handled here: running what is built — the daemon's lifecycle is `daemon`,
+one-off runs are `oneoff`, the command line is `cli`/`commands`/`doctor` (which construct
+nothing themselves: what they need comes from the functions here).
+"""
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import signal
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
-from . import ilink, sandbox, systemd
-from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
-from .approval import Approvals, Notify, load_key
+from . import ilink, sandbox
+from .agent import Agent
+from .approval import Approvals, load_key
 from .auditchain import AuditChain
 from .handlers import Handlers
-from .changes import ADDED, LOWERED, MODIFIED, Change
-from .channels.base import Channel, Inbound
-from .channels.console import ConsoleChannel
+from .channels.base import Channel
 from .channels.wechat import WeChatChannel
 from .config import Config
-from .errors import IasError, StoreError
 from .gate import Gate
-from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL, WECHAT_FIRST_POLL_WAIT
-from .locks import FileLock
-from .monitor import DatabaseMonitor, DiskWatch
+from .monitor import DatabaseMonitor
 from .notifiers import Fallback, configured
 from .outbox import Outbox
 from .pgcluster import Cluster
 from .ranker import Catalog
 from .router import Router
-from .processes import recover
 from .runner import Runner
-from .scheduler import Scheduler, prune_daily, retry_later
 from .mcp import Servers
 from .registry import Registry, registry
-from .store import AuditEntry, Store
-from .supervisor import Supervisor
+from .store import Store
 from .wechat_login import credentials
 
 if TYPE_CHECKING:
     from .llm import LLM            # imported for real only when there is an API key (see open_llm)
-
-log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -64,19 +56,6 @@ async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIte
     finally:
         if cluster is not None:
             cluster.stop()
-
-
-@asynccontextmanager
-async def instance_lock(config: Config) -> AsyncIterator[None]:
-    """The daemon's single-instance lock: a flock on $IAS_DATA_DIR/daemon.lock, held while it runs."""
-    lock = FileLock(config.daemon_lock)
-    if not lock.acquire(wait=False):
-        raise IasError(f"another iAs daemon is already running with data directory {config.data_dir.resolve()}; "
-                       "stop it first")
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +86,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     skills = registry(config)
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
-    catalog = Catalog(skills, config.max_tools, config.tools_bytes)
+    catalog = make_catalog(config, skills)
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
                   spawn=spawn)
     handlers = Handlers(store, skills, catalog.search)
@@ -124,6 +103,22 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                         **({"now": now} if now is not None else {}))
         router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
     return App(config, store, skills, runner, approvals, gate, agent, router, outbox, mcp)
+
+
+def make_catalog(config: Config, skills: Registry) -> Catalog:
+    """The tool catalog over `skills`: the agent's, and what `skills check` and doctor count against one request."""
+    return Catalog(skills, config.max_tools, config.tools_bytes)
+
+
+@asynccontextmanager
+async def open_servers(config: Config, skills: Registry) -> AsyncIterator[Servers]:
+    """The MCP servers of `skills` alone, without a database or channels (`skills check`, doctor); all stopped
+    on the way out."""
+    servers = Servers(skills, make_runner(config), config.mcp_cache, config.allow_risk_downgrade)
+    try:
+        yield servers
+    finally:
+        await servers.close()
 
 
 def make_runner(config: Config) -> Runner:
@@ -164,224 +159,3 @@ async def open_llm(config: Config) -> AsyncIterator[LLM | None]:
         yield llm
     finally:
         await llm.close()
-
-
-@asynccontextmanager
-async def owner_approvals(config: Config, c: App) -> AsyncIterator[tuple[str, Notify]]:
-    """For `run` and `--once`: the owner, and how to ask them — WeChat when logged in, else the terminal.
-
-    Over WeChat, replies arrive through the channel's long poll while the call waits; messages
-    that are not approval replies are answered with a note (the daemon, not a one-off
-    command, holds conversations). Without WeChat or a terminal nobody can answer: the
-    notification fails, so the call ends as not confirmed, and stderr says why.
-    """
-    channel = await wechat(config, c.store)
-    if channel is None:
-        user = await resolve_owner(config, c.store)
-        yield user, terminal_approvals(c.approvals, user)
-        return
-    user = config.owner or channel.owner
-
-    async def answer(message: Inbound) -> None:
-        reply = await c.approvals.redeem(message.user_id, message.text)
-        await channel.send(message.user_id, reply or BUSY)
-        if message.inbound_id is not None:          # answered here: the daemon does not take it up later
-            await c.store.finish_inbound(message.inbound_id)
-
-    async def notify(text: str) -> bool:
-        await channel.caught_up(WECHAT_FIRST_POLL_WAIT)     # the owner's waiting message opens the window
-        return await channel.send(user, text)
-    await channel.start(answer)
-    try:
-        yield user, notify
-    finally:
-        await channel.stop()
-
-
-BUSY = "iAs 正在执行一条命令行请求，这条消息没有处理，请稍后再发。"
-
-
-def terminal_approvals(approvals: Approvals, user: str) -> Notify:
-    """Ask on the terminal: the message on stderr, the reply read from stdin."""
-    console = ConsoleChannel(user, stdout=sys.stderr)
-    if not console.interactive():
-        return _explain_no_confirm
-
-    async def answer(message: Inbound) -> None:
-        reply = await approvals.redeem(message.user_id, message.text)
-        if reply:
-            await console.send(user, reply)
-
-    async def notify(text: str) -> bool:
-        if not console.started:
-            await console.start(answer)
-        return await console.send(user, text)
-    return notify
-
-
-NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录微信；高风险调用按未确认处理"
-
-
-async def run_once(config: Config, text: str) -> int:
-    """`ias --once TEXT`: one turn for the owner; the reply on stdout."""
-    async with open_store(config) as store, open_llm(config) as llm:
-        c = build(config, store, llm=llm)
-        if llm is None and not text.strip().startswith("/"):
-            print(NO_LLM, file=sys.stderr)
-            return 1
-        try:
-            async with owner_approvals(config, c) as (user, notify):
-                reply = await c.agent.turn(user, text, notify)
-        finally:
-            await c.mcp.close()
-        print(reply)
-        return 1 if reply in (APOLOGY, TOOLS_REFUSED) else 0
-
-
-async def _explain_no_confirm(text: str) -> bool:
-    print(NO_CONFIRM, file=sys.stderr)
-    return False
-
-
-async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT,
-                     statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
-    """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT (exit 0) or a failure (exit 1).
-
-    Every background task runs under one supervisor: one that crashes, or a database that stays
-    unreachable past `db_lost_limit` seconds, stops the daemon with exit status 1 so that the
-    service manager restarts it. On SIGTERM the running skills are ended first, then the calls
-    record their results (within SHUTDOWN_GRACE), and only then are the turns cancelled. `statvfs`: how
-    the free space under the data directory is measured (the owner is warned below 5 %).
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    cluster = None if config.database_url else Cluster(config.cluster_dir)
-    async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
-        if llm is None:
-            log.warning("OPENAI_API_KEY is not set: only /commands will work")
-        supervisor = Supervisor()
-        monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
-                                  limit=db_lost_limit)
-        user = await resolve_owner(config, store)
-        console = ConsoleChannel(user, stdin=stdin, stdout=stdout)
-
-        async def stale(note: str) -> None:
-            await console.send(user, note)
-        weixin = await wechat(config, store, on_stale=stale)
-        c = build(config, store, llm=llm, channels=[console] if weixin is None else [weixin, console],
-                  primary=weixin or console, monitor=monitor, spawn=supervisor.spawn)
-        router, channels = c.router, c.router.channels
-        for line in c.registry.problems:
-            log.error("skill not loaded: %s", line)
-        # Crash recovery: what a dead daemon or command left behind (never a re-run).
-        await asyncio.to_thread(recover, c.runner.run_dir)
-        c.gate.unwritten.path = config.unwritten_file     # the daemon's ends survive its restart
-        await c.gate.unwritten.replay()             # ends a stopped daemon kept: written, never "interrupted"
-        await c.gate.record_interrupted()
-        leftovers = await c.approvals.expire_leftovers()
-        await c.outbox.forget_unresumable()
-        await store.audit(AuditEntry("daemon_start", detail=f"pid {os.getpid()}, {len(c.registry)} skills, "
-                                                            f"channels {','.join(channels)}"))
-
-        async def store_error(exc: Exception) -> None:
-            if not await monitor.settle():          # the database is fine: an error of another kind
-                await retry_later(exc)
-        scheduler = Scheduler(store, router.run_task, on_store_error=store_error, spawn=supervisor.spawn)
-        stopped = False
-        try:
-            replayed = await router.replay()        # what a stop or crash left pending, before anything new
-            if replayed:
-                log.warning("replaying %d inbound message(s) left pending by the last run", replayed)
-            for channel in channels.values():
-                await channel.start(router.deliver)
-                supervisor.spawn(channel.watch(), f"channel {channel.name}")
-            for row in leftovers:
-                await c.outbox.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}",
-                                    kind="notice")
-            c.outbox.on_store_error = store_error
-            supervisor.spawn(c.outbox.run(), "outbox")
-            c.mcp.keep()                            # MCP servers start now, and come back when they die
-            supervisor.spawn(monitor.run(), "database monitor")
-            supervisor.spawn(scheduler.run(), "scheduler")
-            supervisor.spawn(prune_daily(store, config.retention_days, on_store_error=store_error), "retention")
-            supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
-            supervisor.spawn(watch_skills(c.registry, console, user,
-                                          tell=lambda text: c.outbox.send(user, text, kind="notice")), "skills watcher")
-            supervisor.spawn(DiskWatch(config.data_dir, lambda text: c.outbox.send(user, text, kind="notice"),
-                                       statvfs=statvfs).run(), "disk watch")
-            systemd.notify("READY=1\nSTATUS=serving")
-            level = c.runner.sandbox.level()
-            log.info("iAs is running (pid %d; channels: %s; sandbox: %s)", os.getpid(), ", ".join(channels),
-                     level if level.full or level.name == "partial" else f"{level} ({level.missing})")
-            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiting in waits:
-                    waiting.cancel()
-            stopped = True
-        finally:
-            systemd.notify("STOPPING=1")
-            log.info("iAs is stopping%s", "" if stopped and not supervisor.failed.is_set() else " after a failure")
-            for channel in channels.values():
-                await channel.stop()
-            await c.mcp.close()
-            await c.runner.kill_all()                   # skills end first …
-            await c.gate.drain(SHUTDOWN_GRACE)          # … their calls record how they ended …
-            await router.cancel()                       # … then the turns are cancelled
-            await scheduler.stop()
-            await supervisor.cancel(SHUTDOWN_GRACE)
-            await c.gate.drain(SHUTDOWN_GRACE)          # what the cancellations recorded
-            c.gate.unwritten.save()                     # what the database refused: for the next start
-            try:
-                await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"
-                                             + (f", {supervisor.reason}" if supervisor.reason else "")))
-            except StoreError as exc:
-                log.error("daemon_stop not recorded: %s", exc)
-    return 1 if supervisor.failed.is_set() else 0
-
-
-CHANGE_NOTES = {ADDED: "新增", LOWERED: "风险 High→Low 待重启生效", MODIFIED: "已修改"}
-
-
-def change_note(change: Change) -> str:
-    """The owner's message for one skill change (SPEC §5)."""
-    return f"技能变更：{change.name}（{CHANGE_NOTES[change.kind]}）"
-
-
-async def watch_skills(registry: Registry, console: Channel, user: str,
-                       interval: float = SKILLS_SCAN_INTERVAL, *,
-                       tell: Callable[[str], Awaitable[object]] | None = None) -> None:
-    """Hot reload: a stat scan every `interval` s (the agent also scans before each turn); a skill
-    edit that does not load is told to the owner once, on the console (its last good version stays).
-    Every skill added or changed (by a reload or a server's new tool list) is told once through `tell`
-    (the outbox, to the primary channel), else on the console; one that cannot be queued now is tried
-    again at the next scan."""
-    tell = tell or (lambda text: console.send(user, text))
-    changes: list[Change] = []
-    while True:
-        if registry.reload():
-            log.info("skills reloaded: %d loaded", len(registry))
-        for line in registry.take_new_problems():
-            await console.send(user, f"技能未能加载，沿用上一个可用版本（如有）：{line}")
-        changes.extend(registry.take_changes())
-        while changes:
-            note = change_note(changes[0])
-            try:
-                await tell(note)
-            except StoreError as exc:
-                log.warning("skill change not told yet (%s): %s", exc, note)
-                break
-            log.info("skill change told to the owner: %s", note)
-            changes.pop(0)
-        await asyncio.sleep(interval)
-
-
-async def _watchdog(interval: float | None) -> None:
-    if interval is None:
-        return
-    while True:
-        systemd.notify("WATCHDOG=1")
-        await asyncio.sleep(interval)

@@ -1,4 +1,6 @@
-"""`ias run`, `ias approvals` and `ias audit` as a user runs them: real processes, real PostgreSQL."""
+"""`ias run`, `ias approvals` and `ias audit` as a user runs them: real processes, real PostgreSQL;
+and that the command-line modules build nothing themselves."""
+import ast
 import json
 import os
 import pty
@@ -12,6 +14,27 @@ import unittest
 from pathlib import Path
 
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted
+
+
+def constructed(path: Path) -> set[str]:
+    """The classes a module calls directly or through a class method (`Store.open`): capitalized callees."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func.value if isinstance(node.func, ast.Attribute) else node.func
+            if isinstance(func, ast.Name) and func.id[:1].isupper():
+                names.add(func.id)
+    return names
+
+
+class BuildsNothingTest(unittest.TestCase):
+    def test_the_command_line_gets_every_object_from_app(self):
+        """cli, commands and doctor construct none of the classes app builds (Catalog, Runner, Servers once were)."""
+        built = constructed(REPO / "ias" / "app.py")
+        self.assertTrue({"Catalog", "Runner", "Servers", "Store", "Gate"} <= built, built)
+        for name in ("cli", "commands", "doctor"):
+            with self.subTest(module=name):
+                self.assertEqual(constructed(REPO / "ias" / f"{name}.py") & built, set())
 
 
 class CliTestCase(unittest.TestCase):

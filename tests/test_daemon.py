@@ -88,7 +88,7 @@ class Lines:
 # scheduler that crashes at once: the fault a supervisor must notice).
 DRIVER = """
 import asyncio, logging, sys
-from ias import app, config, scheduler
+from ias import config, daemon, scheduler
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 if sys.argv[2] == "crash":
     async def crash(self):
@@ -98,7 +98,7 @@ options = {}
 if sys.argv[2] == "lowdisk":                # 1 % free under the data directory
     from types import SimpleNamespace
     options["statvfs"] = lambda path: SimpleNamespace(f_frsize=4096, f_blocks=1_000_000, f_bavail=10_000)
-sys.exit(asyncio.run(app.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]), **options)))
+sys.exit(asyncio.run(daemon.run_daemon(config.load(), db_lost_limit=float(sys.argv[1]), **options)))
 """
 
 

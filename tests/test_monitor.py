@@ -7,7 +7,7 @@ import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
-from ias.cli import _disk_line
+from ias.doctor import disk_line
 from ias.errors import StoreError
 from ias.monitor import DatabaseMonitor, DiskWatch, low_disk
 from ias.store import Store
@@ -164,9 +164,9 @@ class DiskWatchTest(unittest.IsolatedAsyncioTestCase):
 class DoctorDiskLineTest(unittest.TestCase):
     def test_doctor_warns_below_5_percent(self):
         data = Path(tempfile.gettempdir()) / "no-such-ias-dir"
-        ok, what, detail = _disk_line(data, fake_statvfs([0.5]))
+        ok, what, detail = disk_line(data, fake_statvfs([0.5]))
         self.assertEqual((ok, what), (True, "disk"))
-        ok, what, detail = _disk_line(data, fake_statvfs([0.02]))
+        ok, what, detail = disk_line(data, fake_statvfs([0.02]))
         self.assertEqual((ok, what), (None, "disk"))              # a warning, not a failure
         self.assertIn("2.0% free under", detail)
         self.assertIn("below 5%", detail)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from ias.app import instance_lock
+from ias.daemon import instance_lock
 from ias.config import Config
 from ias.errors import ClusterError, IasError
 from ias.locks import FileLock

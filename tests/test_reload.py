@@ -8,7 +8,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from ias.app import watch_skills
+from ias.daemon import watch_skills
 from ias.changes import ADDED, LOWERED, MODIFIED, Change
 from ias.llm import LLM
 from ias.registry import load_registry

@@ -145,21 +145,21 @@ class _SkillRun:
         self.assertNotIn("Traceback", result["error"])
 
 
-def mail_script():
-    """The skill's script as a module, for its pure helpers."""
-    return load_script(SKILL.directory / "scripts" / "mail.py", "ias_email_skill_script")
+def mail_script(name: str):
+    """One of the skill's script modules (`imap`, `mime`), for its pure helpers."""
+    return load_script(SKILL.directory / "scripts" / f"{name}.py", f"ias_email_skill_{name}")
 
 
 class HelpersTest(unittest.TestCase):
     def test_fetch_response_with_uid_before_or_after_the_literal(self):
-        mail = mail_script()
+        mail = mail_script("imap")
         data = [(b"1 (UID 101 BODY[] {3}", b"abc"), b")",
                 (b"2 (BODY[] {3}", b"def"), b" UID 103)",
                 (b"3 (FLAGS (\\Seen) UID 105 BODY[] {0}", b""), b")"]
         self.assertEqual(mail.fetched(data), {101: b"abc", 103: b"def", 105: b""})
 
     def test_charset_fallbacks(self):
-        mail = mail_script()
+        mail = mail_script("mime")
         self.assertEqual(mail.decode_bytes("王堃".encode("gbk"), "GB2312"), "王堃")
         self.assertEqual(mail.decode_bytes("王堃".encode("gbk"), '"gbk"'), "王堃")
         self.assertEqual(mail.decode_bytes("王堃".encode("gb18030"), None), "王堃")     # unlabelled
@@ -169,14 +169,14 @@ class HelpersTest(unittest.TestCase):
 
 
     def test_raw_8bit_attachment_names(self):
-        mail = mail_script()
+        mail = mail_script("mime")
         for encoding in ("gbk", "utf-8", "gb18030"):
             with self.subTest(encoding=encoding):
                 msg = email.message_from_bytes(raw_8bit_attachment_message("报告（终稿）喆.pdf", encoding))
                 self.assertEqual(mail.message_body(msg), ("见附件。", ["报告（终稿）喆.pdf"]))
 
     def test_plain_login_only_to_loopback_unless_allowed(self):
-        mail = mail_script()
+        mail = mail_script("imap")       # its smtp and SkillError are ias_skill's
         for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.53"):
             mail.smtp.refuse_plain_login("IAS_SMTP", "none", host, USER)
         with self.assertRaisesRegex(mail.SkillError, "IAS_SMTP_ALLOW_PLAIN_LOGIN=1"):
