@@ -2,12 +2,17 @@
 
 The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded cluster created
 on first use and removed at exit. No PostgreSQL is a failure, never a skip.
+
+The model in process is `ScriptedLLM`; the wire (the SDK, retries, deadlines, replies other
+servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: the slow
+end-to-end and cluster modules skip themselves (`slow`); `make test` and CI run everything.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -30,6 +35,7 @@ from ias.app import App, build
 from ias.auditchain import AuditChain
 from ias.channels.base import Channel
 from ias.config import Config
+from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
 from ias.store import Store
 
@@ -83,6 +89,25 @@ def drop_schema(name: str) -> None:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
+FAST = os.environ.get("IAS_TEST_FAST", "") == "1"
+slow = unittest.skipIf(FAST, "slow end-to-end or cluster test: skipped by make test-fast (make test runs it)")
+
+# unittest's IsolatedAsyncioTestCase runs its loop in debug mode, which logs every callback over 0.1 s as
+# "Executing <Task …> took N seconds". A test's coroutine is one such callback until its first real wait:
+# building an app (parsing every shipped SKILL.md), ten thousand scripted calls, or a database round trip
+# on a machine shared with other test runs take longer than that and are not faults of the daemon.
+# Over a second is still reported.
+SLOW_CALLBACK = 1.0
+
+
+class AsyncTestCase(unittest.IsolatedAsyncioTestCase):
+    """IsolatedAsyncioTestCase whose debug loop reports only callbacks over SLOW_CALLBACK seconds."""
+
+    def _setupAsyncioRunner(self) -> None:
+        super()._setupAsyncioRunner()
+        self._asyncioRunner.get_loop().slow_callback_duration = SLOW_CALLBACK
+
+
 def test_chain(test: unittest.TestCase) -> AuditChain:
     """A fresh audit chain key, and a head file in a directory removed after `test`."""
     where = Path(tempfile.mkdtemp(prefix="ias-chain-"))
@@ -90,7 +115,7 @@ def test_chain(test: unittest.TestCase) -> AuditChain:
     return AuditChain.derive(os.urandom(32), where / "audit.head")
 
 
-class StoreTestCase(unittest.IsolatedAsyncioTestCase):
+class StoreTestCase(AsyncTestCase):
     """A test with `self.store` on its own fresh schema (schema.sql applied)."""
 
     @classmethod
@@ -352,3 +377,64 @@ class FakeChannel(Channel):
                             return text
                     await self._arrived.wait()
         return await asyncio.wait_for(find(), timeout)
+
+
+class ScriptedLLM:
+    """The model in process (simonw/llm's MockModel): what `ias.llm.LLM` offers the agent, `complete(messages,
+    tools) -> Reply` and `close()`, answered from a script with no HTTP and no SDK.
+
+    A step is a Reply (`answer`, `ask`) or an exception to raise (e.g. `LLMError`, as after the endpoint's
+    retries). Each request is kept as the JSON body it would be on the wire (`bodies`; `requests` decoded), so
+    a test sees what the model was sent, not the agent's lists as they are later. A call past the script is
+    recorded in `problems` and raises AssertionError into the turn; `assert_complete()` fails on either.
+    Not the wire: retries, deadlines and calls written as text are tests/servers/llm.py's.
+    """
+    model = "test-model"
+
+    def __init__(self, *steps: Reply | Exception, repeat_last: bool = False):
+        self.steps = list(steps)
+        self.repeat_last = repeat_last          # the last step answers every later request
+        self.bodies: list[str] = []
+        self.problems: list[str] = []
+        self.closed = False
+
+    def script(self, *steps: Reply | Exception) -> None:
+        self.steps.extend(steps)
+
+    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        self.bodies.append(json.dumps({"model": self.model, "messages": messages, "tools": tools}, ensure_ascii=False))
+        await asyncio.sleep(0)                  # a request is a point where the turn can be cancelled
+        if self.closed or not self.steps:
+            self.problems.append("the model was called after close()" if self.closed
+                                 else "the model was called more often than scripted")
+            raise AssertionError(self.problems[-1])
+        step = self.steps[0] if (self.repeat_last and len(self.steps) == 1) else self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    async def close(self) -> None:
+        self.closed = True
+
+    @property
+    def requests(self) -> list[dict]:
+        """Every request as its decoded body: {"model", "messages", "tools"}."""
+        return [json.loads(body) for body in self.bodies]
+
+    def assert_complete(self) -> None:
+        """Fail if the model was called past its script, or scripted steps were never requested."""
+        if self.problems:
+            raise AssertionError("; ".join(self.problems))
+        if self.steps and not self.repeat_last:
+            raise AssertionError(f"{len(self.steps)} scripted model replies were never requested")
+
+
+def answer(content: str | None) -> Reply:
+    """A model reply with this text."""
+    return Reply(content, ())
+
+
+def ask(*calls: tuple[str, dict | str]) -> Reply:
+    """A model reply asking for `calls`, (name, arguments) pairs; arguments may be raw JSON text."""
+    return Reply(None, tuple(ToolCall(f"call_{i}", name, args if isinstance(args, str) else json.dumps(args))
+                             for i, (name, args) in enumerate(calls)))
