@@ -1,12 +1,14 @@
 """The model endpoint on the wire: total deadlines, replies that are not completions, calls written as text."""
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import unittest
 
 from ias.llm import LLM, LLMError, Reply, ToolCall, text_calls
 from tests.servers.llm import LLMServer, broken, drip, raw, stall, text
-from tests.support import FIXTURES
+from tests.support import FIXTURES, REPO
 
 RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
 WEATHER = {"type": "function", "function": {"name": "query_weather", "description": "实时天气",
@@ -30,6 +32,48 @@ class WireTestCase(unittest.IsolatedAsyncioTestCase):
         """One request; `limit` only keeps a hung client from hanging the suite."""
         return await asyncio.wait_for(self.llm.complete([{"role": "user", "content": "北京天气怎么样"}], list(tools)),
                                       limit)
+
+
+# A fresh interpreter: which thread imports `openai`, and what the debug loop reports as slow (over 0.5 s).
+FIRST_REQUEST = """
+import asyncio, json, logging, sys, threading
+from ias.llm import LLM
+from tests.servers.llm import LLMServer, text
+
+importers = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "openai":
+            importers.append(threading.current_thread().name)
+sys.meta_path.insert(0, Watch())
+slow = []
+handler = logging.Handler()
+handler.emit = lambda record: slow.append(record.getMessage()[:60]) if "took" in record.getMessage() else None
+logging.getLogger("asyncio").addHandler(handler)
+
+async def main():
+    asyncio.get_running_loop().slow_callback_duration = 0.5
+    with LLMServer([text("ok")]) as server:
+        llm = LLM("sk-test", server.base_url, "test-model")
+        reply = await llm.complete([{"role": "user", "content": "hi"}], [])
+        await llm.close()
+    return reply.content
+
+print(json.dumps({"reply": asyncio.run(main(), debug=True), "importers": importers, "slow": slow}))
+"""
+
+
+class FirstRequestTest(unittest.TestCase):
+    def test_openai_is_imported_off_the_event_loop(self):
+        """The first request imports the SDK (a second or more) in a worker thread: the loop is never held."""
+        done = subprocess.run([sys.executable, "-c", FIRST_REQUEST], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        found = json.loads(done.stdout)
+        self.assertEqual(found["reply"], "ok")
+        self.assertTrue(found["importers"], found)
+        self.assertNotIn("MainThread", found["importers"])
+        self.assertEqual(found["slow"], [])
 
 
 class DeadlineTest(WireTestCase):
