@@ -2,6 +2,7 @@
 import asyncio
 import importlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,33 @@ class FirstRequestTest(unittest.TestCase):
         self.assertTrue(found["importers"], found)
         self.assertNotIn("MainThread", found["importers"])
         self.assertEqual(found["slow"], [])
+
+
+class FakeTest(unittest.TestCase):
+    """The fake endpoint keeps its own troubles instead of printing tracebacks into a green run."""
+
+    def test_a_client_hanging_up_mid_request_is_counted_not_a_problem(self):
+        """A daemon stopped during a turn cuts its request short (five tracebacks in a green run before)."""
+        with LLMServer() as server:
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"model\":")
+                sock.shutdown(socket.SHUT_WR)
+                self.assertEqual(sock.recv(100), b"")           # no answer: the connection is closed
+            self.assertEqual((server.hangups, server.problems, server.requests), (1, [], []))
+
+    def test_a_request_past_the_script_is_a_500_and_fails_the_test_using_it(self):
+        with self.assertRaisesRegex(AssertionError, "called more often than scripted"):
+            with LLMServer() as server:
+                async def request():
+                    llm = LLM("sk-test", server.base_url, "test-model", retry_delays=())
+                    try:
+                        await llm.complete([], [])
+                    finally:
+                        await llm.close()
+                with self.assertRaisesRegex(LLMError, "InternalServerError"):
+                    asyncio.run(request())
+        self.assertEqual(server.problems, ["AssertionError: the model was called more often than scripted"])
 
 
 class DeadlineTest(WireTestCase):

@@ -9,7 +9,8 @@ request body is recorded, so tests can check what the model was sent.
 
 The fake's own errors (called more often than scripted, a step it cannot serve) are answered with a
 500 and listed in `problems`, never printed from the handler thread; leaving the `with` block (or
-`check()`) fails the test when any were met. A client that hangs up mid-reply is not a problem.
+`check()`) fails the test when any were met. A client that hangs up mid-request or mid-reply is
+not a problem (`hangups` counts the requests cut short).
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class LLMServer(JSONServer):
         self._calls = 0
         self.refused = 0                    # requests refused for their tools
         self.problems: list[str] = []       # the fake's own errors, answered with a 500
+        self.hangups = 0                    # requests whose client went away before sending all of the body
         self.released = threading.Event()   # set on close: stalled and dripping requests end
         server = self
 
@@ -96,7 +98,13 @@ class LLMServer(JSONServer):
                         self.close_connection = True
 
             def answer(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                length = int(self.headers.get("Content-Length", 0))
+                raw = self.rfile.read(length)
+                if len(raw) < length:           # the client hung up mid-request (e.g. a daemon stopped in a turn)
+                    with server._lock:
+                        server.hangups += 1
+                    self.close_connection = True
+                    return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self.send_json(404, {"error": {"message": "not found"}})
                 if self.headers.get("Authorization", "") != "Bearer sk-test":
