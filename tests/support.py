@@ -4,8 +4,8 @@ The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded clus
 on first use and removed at exit. No PostgreSQL is a failure, never a skip.
 
 The model in process is `ScriptedLLM`; the wire (the SDK, retries, deadlines, replies other
-servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: the slow
-end-to-end and cluster modules skip themselves (`slow`); `make test` and CI run everything.
+servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: tests that run
+iAs as a process or a cluster of their own skip themselves (`slow`); `make test` and CI run all.
 """
 from __future__ import annotations
 
@@ -90,7 +90,9 @@ def drop_schema(name: str) -> None:
 
 
 FAST = os.environ.get("IAS_TEST_FAST", "") == "1"
-slow = unittest.skipIf(FAST, "slow end-to-end or cluster test: skipped by make test-fast (make test runs it)")
+# Slow: runs iAs as a process of its own (daemon, command, helper) or a PostgreSQL cluster of its own.
+slow = unittest.skipIf(FAST, "runs iAs as a process or a cluster of its own: skipped by make test-fast (make test "
+                             "runs it)")
 
 # unittest's IsolatedAsyncioTestCase runs its loop in debug mode, which logs every step of a task over 0.1 s as
 # "Executing <Task …> took N seconds". Two kinds are not the daemon holding its loop, and are dropped:

@@ -11,9 +11,10 @@ import time
 import unittest
 from pathlib import Path
 
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, slow
 
 
+@slow
 class CliTestCase(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()

@@ -18,7 +18,7 @@ from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
 from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
-                           granted, until, with_env)
+                           granted, slow, until, with_env)
 
 
 
@@ -467,6 +467,7 @@ class ResultTest(unittest.TestCase):
         self.assertEqual(results.of_mcp(huge), {"success": True, "output": "", "truncated": True})
 
 
+@slow
 class CliTest(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()
