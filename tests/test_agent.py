@@ -46,16 +46,21 @@ class Screen:
 
 
 class AgentTestCase(GateTestCase):
-    """The agent over the shipped and fixture skills, its model `self.model` (a ScriptedLLM), checked complete
-    at the end."""
+    """The agent over the shipped and fixture skills; its model `self.llm` is `self.model`, a ScriptedLLM
+    checked complete at the end."""
     system_skills = REPO / "resources" / "skills"
+
+    def model_for_test(self):
+        self.model = ScriptedLLM()
+        return self.model
 
     async def asyncSetUp(self):
         await super().asyncSetUp()
-        self.model = self.llm = ScriptedLLM()
+        self.llm = self.model_for_test()
         self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW))
 
     async def asyncTearDown(self):
+        await self.llm.close()
         await super().asyncTearDown()
         self.model.assert_complete()
 
@@ -69,23 +74,22 @@ class AgentTestCase(GateTestCase):
 
 
 class WireTestCase(AgentTestCase):
-    """The agent with the real client (`self.llm`) against a local endpoint (`self.server`)."""
+    """The agent with the real client (`self.llm`) against a local endpoint (`self.server`, also `self.model`):
+    scripted replies left unused, or problems of the endpoint's own, fail the test."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         importlib.import_module("openai")       # the first request's import is not part of a timed turn
 
-    async def asyncSetUp(self):
-        await GateTestCase.asyncSetUp(self)
-        self.server = LLMServer().__enter__()
-        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
-        self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW))
+    def model_for_test(self):
+        self.server = self.model = LLMServer().start()
+        self.addCleanup(self.server.close)
+        return LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
 
     async def asyncTearDown(self):
-        await self.llm.close()
-        await asyncio.to_thread(self.server.__exit__)
-        await GateTestCase.asyncTearDown(self)
+        await super().asyncTearDown()
+        self.server.check()
 
     @property
     def requests(self) -> list[dict]:
