@@ -15,7 +15,7 @@ from . import ilink, sandbox, systemd
 from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED, Agent
 from .approval import Approvals, Notify, load_key
 from .auditchain import AuditChain
-from .builtins import Builtins
+from .handlers import Handlers
 from .changes import ADDED, LOWERED, MODIFIED, Change
 from .channels.base import Channel, Inbound
 from .channels.console import ConsoleChannel
@@ -31,7 +31,8 @@ from .outbox import Outbox
 from .pgcluster import Cluster
 from .ranker import Catalog
 from .router import Router
-from .runner import Runner, recover
+from .processes import recover
+from .runner import Runner
 from .scheduler import Scheduler, prune_daily, retry_later
 from .mcp import Servers
 from .registry import Registry, mcp_cache, registry
@@ -111,8 +112,10 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = Catalog(skills, config.max_tools, config.tools_bytes)
-    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels))
-    gate = Gate(skills, runner, store, approvals, Builtins(store, skills, catalog.search), mcp)
+    mcp = Servers(skills, runner, mcp_cache(config), config.allow_risk_downgrade, tells_owner=bool(channels),
+                  spawn=spawn)
+    handlers = Handlers(store, skills, catalog.search)
+    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor)
     router = outbox = None

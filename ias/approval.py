@@ -436,6 +436,12 @@ class Approvals:
         await self.store.close_tampered(bound.id, self._entry(bound, "tampered", waiter.skill.risk, reason))
         return self._settle(waiter, Outcome("tampered", None))
 
+    def asking(self, user_id: str) -> str | None:
+        """The skill whose confirmation `user_id` is being asked for now (its message is sent while it is), or
+        None: the name as data, for whoever delivers the message, never read back out of its text."""
+        waiter = self._waiting.get(user_id)
+        return waiter.skill.name if waiter is not None else None
+
     async def redeem(self, user_id: str, text: str) -> str | None:
         """Handle the owner's reply to their pending approval; returns the text to answer, None if not waiting."""
         waiter = self._waiting.get(user_id)

@@ -472,7 +472,7 @@ def run() -> None:
 
 async def cmd_tasks(config, args) -> int:
     from .app import open_store, resolve_owner
-    from .builtins import task_json as _task_json, upcoming
+    from .handlers import task_json as _task_json, upcoming
     from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
 
     async with open_store(config) as store:

@@ -12,6 +12,10 @@ when the database is back (a daemon that stops first keeps them in a file for it
 so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
+
+Which executor runs a skill is looked up by `Skill.kind` in the mapping the gate is given
+(outcome.py: every executor returns one `Outcome`, which alone fills `skill_finished`); the
+gate never asks how a skill runs. A call in flight is one frozen `Call`.
 """
 from __future__ import annotations
 
@@ -21,29 +25,43 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from . import results, schema
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
-from .builtins import Builtins
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
-from .runner import Runner, RunResult, alive, identity
+from .outcome import Executor, Outcome
+from .processes import alive, identity
 from .registry import Registry
+from .skills import Skill
 from .store import AuditEntry, Store
 from .unwritten import End, Unwritten
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call let through the gate and started: what its `skill_finished` row and approval result need."""
+    user_id: str
+    skill: Skill
+    approval_id: int | None       # the owner's approval of a High call; None for a Low one
+    decision: str                 # "auto" | "approved"
+    tag: str                      # `detail` of its skill_started and skill_finished rows (call_tag)
+    started: float                # time.monotonic() when it started
+    notify: Notify | None         # reaches the owner when the end of an approved call cannot be saved
+
+
 class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
-    def __init__(self, registry: Registry, runner: Runner, store: Store, approvals: Approvals,
-                 builtins: Builtins | None = None, mcp=None):
+    def __init__(self, registry: Registry, executors: Mapping[str, Executor], store: Store, approvals: Approvals,
+                 mcp=None):
         self.registry = registry
-        self.runner = runner
-        self.builtins = builtins
-        self.mcp = mcp                                    # mcp.Servers: runs the skills made of MCP tools
+        self.executors = executors       # Skill.kind -> what runs skills of that kind
+        self.mcp = mcp                   # mcp.Servers: finds the tools of a server never listed yet
         self.store = store
         self.approvals = approvals
         self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
@@ -93,44 +111,34 @@ class Gate:
         tag = call_tag()
         await self.store.audit(AuditEntry("skill_started", user_id=user_id, skill_name=name, params=redact(params),
                                           risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
-        started = time.monotonic()
+        call = Call(user_id, skill, approval_id, decision, tag, time.monotonic(), notify)
         running = asyncio.get_running_loop().create_future()     # resolved once the end is recorded
         self._inflight.add(running)
         finishing = None
         try:
             try:
-                result, llm = await self._execute(skill, params, user_id)
-            except asyncio.CancelledError:       # the runner killed the group; record that it ended
-                finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, None,
-                                         results.interrupted(name), notify)
+                outcome = await self._executor(skill).run(skill, params, user_id)
+            except asyncio.CancelledError:       # the executor ended the run; record that it ended
+                finishing = self._finish(running, call, None)
                 raise
-            finishing = self._finish(running, user_id, skill, approval_id, decision, tag, started, result, llm, notify)
+            finishing = self._finish(running, call, outcome)
             await asyncio.shield(finishing)
-            return llm
+            return outcome.result
         finally:
-            if finishing is None:                # the runner failed: nothing to record, nothing to wait for
+            if finishing is None:                # the executor failed: nothing to record, nothing to wait for
                 self._inflight.discard(running)
                 running.set_result(None)
 
-    async def _execute(self, skill, params: dict, user_id: str):
-        """Run the skill by its kind — an MCP tool through its server, a `## Builtin` handler in
-        process, else its `## Execute` script; (facts, the model-visible result)."""
-        if skill.mcp is not None:
-            call = await self.mcp.call(skill, params)
-            return call, results.of_mcp(call)
-        if skill.builtin is not None:
-            if self.builtins is None:
-                raise RuntimeError(f"built-in skill {skill.name} but no built-in handlers were given")
-            run = await self.builtins.run(skill, params, user_id)
-        else:
-            run = await self.runner.run(skill, params)
-        return run, results.of_run(run)
+    def _executor(self, skill: Skill) -> Executor:
+        """What runs skills of `skill.kind`: a `## Execute` script, a `## Builtin` handler, an MCP tool."""
+        executor = self.executors.get(skill.kind)
+        if executor is None:
+            raise RuntimeError(f"{skill.kind} skill {skill.name} but no {skill.kind} executor was given")
+        return executor
 
-    def _finish(self, running: asyncio.Future, user_id: str, skill, approval_id, decision: str, tag: str,
-                started: float, result: RunResult | None, llm: dict, notify: Notify | None) -> asyncio.Task:
-        """Record the end of a run in a task of its own, so no cancellation can cut it short."""
-        task = asyncio.ensure_future(self._record(user_id, skill, approval_id, decision, tag, started, result, llm,
-                                                  notify))
+    def _finish(self, running: asyncio.Future, call: Call, outcome: Outcome | None) -> asyncio.Task:
+        """Record the end of a run (None: cancelled) in a task of its own, so no cancellation can cut it short."""
+        task = asyncio.ensure_future(self._record(call, outcome))
         self._finishing.add(task)
 
         def done(_task) -> None:
@@ -141,23 +149,24 @@ class Gate:
         task.add_done_callback(done)
         return task
 
-    async def _record(self, user_id: str, skill, approval_id, decision: str, tag: str, started: float,
-                      result: RunResult | None, llm: dict, notify: Notify | None) -> None:
+    async def _record(self, call: Call, outcome: Outcome | None) -> None:
         """skill_finished and the approval's result; if the store refuses, the owner hears the call ran."""
-        ended = {"decision": "cancelled"} if result is None else {
-            "decision": "timeout" if result.timed_out else decision, "exit_code": result.exit_code,
-            "output_size": result.output_size, "truncated": results.truncated(result)}
-        entry = AuditEntry("skill_finished", user_id=user_id, skill_name=skill.name, risk=skill.risk,
-                           approval_id=approval_id, detail=tag, duration_ms=int((time.monotonic() - started) * 1000),
-                           **ended)
-        end = End(entry, approval_id, llm if approval_id is not None else None)
+        if outcome is None:
+            ended = {"decision": "cancelled", "duration_ms": int((time.monotonic() - call.started) * 1000)}
+            llm = results.interrupted(call.skill.name)
+        else:
+            ended = {**outcome.audit(), "decision": "timeout" if outcome.timed_out else call.decision}
+            llm = outcome.result
+        entry = AuditEntry("skill_finished", user_id=call.user_id, skill_name=call.skill.name, risk=call.skill.risk,
+                           approval_id=call.approval_id, detail=call.tag, **ended)
+        end = End(entry, call.approval_id, llm if call.approval_id is not None else None)
         if await end.write(self.store):
             return
-        if approval_id is not None and notify is not None:
+        if call.approval_id is not None and call.notify is not None:
             try:
-                await notify(NOT_SAVED.format(name=skill.name))
+                await call.notify(NOT_SAVED.format(name=call.skill.name))
             except Exception:
-                log.exception("approval %s: telling the owner that the result was not saved failed", approval_id)
+                log.exception("approval %s: telling the owner that the result was not saved failed", call.approval_id)
         # Kept and written when the database is back (see unwritten.py); shutdown waits for it (`drain`).
         keeper = asyncio.ensure_future(self.unwritten.keep(end))
         self._finishing.add(keeper)

@@ -16,7 +16,13 @@ that dies, with a delay doubling from MCP_RESTART_FIRST to MCP_RESTART_MAX. Each
 written to the data directory (registry.write_tools), so `ias skills` shows the tools without
 starting anything; one that changed since the first listing only by the daemon, which tells the
 owner (the cache is the next process's first listing). `close` stops every server this process
-started: stdin closed, then SIGTERM and SIGKILL to its group.
+started: stdin closed, then SIGTERM and SIGKILL to its group. Every background task here (the
+keepers, each connection's readers) runs through the `spawn` given at construction: the daemon
+passes its supervisor's, so one that dies of anything unexpected takes the daemon down loudly
+(STYLE 14); without one (a one-off command) its crash is logged.
+
+`Servers.run(skill, params, user) -> Outcome` is the executor of the skills made of MCP tools
+(outcome.py): no exit code (no process runs per call); the size is that of the answer.
 
 Not handled: resources, prompts, sampling, progress notifications, the HTTP transports, and
 batches (no revision iAs speaks allows a server to send one unasked).
@@ -27,8 +33,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine
 
 from .limits import (
     MCP_LINE_MAX,
@@ -43,6 +48,8 @@ from .limits import (
     MCP_TOOLS_MAX,
     MCP_UP_RESET,
 )
+from . import results
+from .outcome import Outcome
 from .runner import Runner, Server
 from .registry import Registry, mcp_skills, write_tools
 from .skills import McpServer, Skill
@@ -57,24 +64,26 @@ class McpError(Exception):
     """The server could not be started, broke the protocol, answered with an error, or went away."""
 
 
-@dataclass(frozen=True, slots=True)
-class CallResult:
-    """What one tools/call did — facts; results.of_mcp makes what the model sees. `exit_code`, `overflowed`
-    and `output_size` mean for the audit row what a run's do."""
-    skill: str
-    timeout: float
-    result: dict | None = None       # the CallToolResult as the server sent it
-    error: str | None = None         # no result: why (JSON-RPC error, server gone, cannot start)
-    timed_out: bool = False
-    output_size: int = 0             # bytes of the result message
-    exit_code: int | None = None
-    overflowed: bool = False
+Spawn = Callable[[Coroutine, str], asyncio.Task]       # runs a named background task (Supervisor.spawn)
+
+
+def plain_spawn(coro: Coroutine, name: str) -> asyncio.Task:
+    """A task outside any supervisor (one-off commands, tests): a crash is logged, nothing else stops."""
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    task.add_done_callback(_log_crash)
+    return task
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s crashed", task.get_name(), exc_info=task.exception())
 
 
 class Connection:
     """One running server and the JSON-RPC session over its pipes."""
 
-    def __init__(self, server: Server, on_notify: Callable[[str], None] | None = None):
+    def __init__(self, server: Server, on_notify: Callable[[str], None] | None = None,
+                 spawn: Spawn | None = None):
         self.server = server
         self.name = server.name
         self.protocol = ""
@@ -84,12 +93,13 @@ class Connection:
         self._pending: dict[int, asyncio.Future] = {}
         self.closed = asyncio.Event()
         self.started = time.monotonic()
-        self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._stderr())]
+        self._spawn = spawn = spawn or plain_spawn
+        self._tasks = [spawn(self._read(), f"mcp {self.name} reader"), spawn(self._stderr(), f"mcp {self.name} stderr")]
         self._junk = 0                       # lines that were no JSON-RPC message (logged up to MCP_STDERR_LINES)
 
     def background(self, coro) -> None:
         """A task that must not hold up the reader; kept referenced until it ends."""
-        task = asyncio.ensure_future(coro)
+        task = self._spawn(coro, f"mcp {self.name} background")
         self._tasks.append(task)
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
 
@@ -134,16 +144,11 @@ class Connection:
                         MCP_TOOLS_MAX)
         return tools[:MCP_TOOLS_MAX]
 
-    async def call_tool(self, skill: Skill, arguments: dict, timeout: float) -> CallResult:
-        """tools/call; on timeout the request is cancelled (notifications/cancelled) and the result says so."""
-        try:
-            result, size = await self._request("tools/call", {"name": skill.mcp.tool, "arguments": arguments},
-                                               timeout, cancel_reason="timeout")
-        except asyncio.TimeoutError:
-            return CallResult(skill.name, timeout, timed_out=True)
-        except McpError as exc:
-            return CallResult(skill.name, timeout, error=str(exc))
-        return CallResult(skill.name, timeout, result=result, output_size=size)
+    async def call_tool(self, skill: Skill, arguments: dict, timeout: float) -> tuple[dict, int]:
+        """tools/call: the CallToolResult and the size of the answer; McpError, or TimeoutError after `timeout`
+        seconds, when the request is cancelled (notifications/cancelled)."""
+        return await self._request("tools/call", {"name": skill.mcp.tool, "arguments": arguments}, timeout,
+                                   cancel_reason="timeout")
 
     async def ping(self, timeout: float = MCP_PROTOCOL_TIMEOUT) -> None:
         await self.request("ping", None, timeout)
@@ -292,8 +297,9 @@ class Servers:
 
     def __init__(self, registry: Registry, runner: Runner, cache, allow: frozenset[str] = frozenset(), *,
                  restart_first: float = MCP_RESTART_FIRST, restart_max: float = MCP_RESTART_MAX,
-                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False):
+                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False, spawn: Spawn | None = None):
         self.registry = registry
+        self._spawn = spawn or plain_spawn   # every background task (keepers, readers) runs through it
         # Only a process that tells the owner (the daemon) caches a listing that changed since the first:
         # the cache is the first listing of the next process, where a changed tool is Low again.
         self.tells_owner = tells_owner
@@ -337,7 +343,7 @@ class Servers:
             except OSError as exc:
                 self.errors[name] = f"cannot start {spec.command[0]!r}: {exc.strerror or exc}"
                 raise McpError(f"mcp server {name}: {self.errors[name]}") from None
-            conn = Connection(server, lambda method: self._notified(name, method))
+            conn = Connection(server, lambda method: self._notified(name, method), self._spawn)
             try:
                 await conn.initialize()
                 await self._refresh(spec, conn)
@@ -383,17 +389,21 @@ class Servers:
         except (McpError, asyncio.TimeoutError, OSError) as exc:
             log.warning("mcp server %s: listing its tools after a change failed: %s", name, exc)
 
-    async def call(self, skill: Skill, params: dict) -> CallResult:
-        """Call an MCP tool skill: start its server if needed; the call times out after the skill's timeout."""
-        deadline = time.monotonic() + skill.timeout
+    async def run(self, skill: Skill, params: dict, user: str | None = None) -> Outcome:
+        """The executor interface: call MCP tool skill `skill`, starting its server if needed; the call (the start
+        included) times out after the skill's timeout. No exit code: no process ran for the call."""
+        started = time.monotonic()
         try:
             conn = await asyncio.wait_for(self.connection(skill.mcp.server), skill.timeout)
-        except asyncio.TimeoutError:
-            return CallResult(skill.name, skill.timeout, timed_out=True)
+            answer, size = await conn.call_tool(skill, params, max(0.0, started + skill.timeout - time.monotonic()))
+        except TimeoutError:
+            return Outcome(skill.name, results.timed_out(skill.name, skill.timeout),
+                           duration=time.monotonic() - started, timed_out=True)
         except McpError as exc:
-            return CallResult(skill.name, skill.timeout, error=str(exc))
-        result = await conn.call_tool(skill, params, max(0.0, deadline - time.monotonic()))
-        return replace(result, timeout=skill.timeout)
+            return Outcome(skill.name, results.mcp_failed(skill.name, str(exc)), duration=time.monotonic() - started)
+        shown = results.of_mcp(skill.name, answer)
+        return Outcome(skill.name, shown, duration=time.monotonic() - started, output_size=size,
+                       truncated=shown.get("truncated") is True)
 
     async def discover(self, name: str) -> Skill | None:
         """A tool skill not in the registry yet (never listed): start its server and look again."""
@@ -420,7 +430,7 @@ class Servers:
     def keep(self) -> None:
         """Daemon: start every server now and restart one that dies, with backoff."""
         for name in self.registry.servers:
-            self._keepers.append(asyncio.ensure_future(self._keep(name)))
+            self._keepers.append(self._spawn(self._keep(name), f"mcp {name} keeper"))
 
     async def _keep(self, name: str) -> None:
         delay = self.restart_first

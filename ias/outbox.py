@@ -5,7 +5,7 @@ a note), each a row with the `client_id` it is always sent with, so a part is ne
 across restarts. Replies first: once the owner writes, what waits is held (OUTBOX_ANSWER_HOLD at
 most) until the answer to their message is queued; that answer (and, on `继续`, what is left of it)
 goes out first, then the rest oldest first, within what the channel can take now (`Channel.room`:
-WeChat's window and per-message budget):
+WeChat's window and per-message budget; the note rule is `channels.base.budget`, which direct sends share):
 - budget spent: the last allowed message is the channel's note ("reply to continue") while the
   answer is not out, else the summary `还有 N 条消息待发送，回复「继续」查看`; a backlog that does not
   fit behind an answer is not started, only summarised; the rest waits and goes out when the owner
@@ -46,7 +46,7 @@ from itertools import groupby
 from typing import Awaitable, Callable
 
 from . import limits
-from .channels.base import SENT, SHUT, UNKNOWN, Channel
+from .channels.base import SENT, SHUT, UNKNOWN, Channel, budget, capped, split_text
 from .cron import TZ
 from .errors import StoreError
 from .notifiers import Fallback
@@ -61,41 +61,11 @@ KEEPER_ASK = "{when} 有{what}「{name}」：回复任意内容，微信才允�
 TITLES = {"reminder": "iAs 提醒", "task": "iAs 定时任务", "notice": "iAs 通知", "reply": "iAs 回复"}
 FALLBACK_KINDS = ("reminder", "task")
 BACKLOG_NOTE = "还有 {count} 条消息待发送，回复「继续」查看"
-CUT_NOTE = "（内容过长，其余 {count} 字未发送）"
 IN_DOUBT = "in doubt: sent without an answer"       # the reason of a part whose request may have landed
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def split_text(text: str, limit: int | None = limits.WECHAT_TEXT_MAX) -> list[str]:
-    """`text` in parts of at most `limit` characters, cut at a line break in the part's second half when there is one."""
-    if not text.strip():
-        return []
-    if limit is None:
-        return [text]
-    parts: list[str] = []
-    rest = text
-    while len(rest) > limit:
-        cut = rest.rfind("\n", 0, limit + 1)
-        if cut < limit // 2:
-            cut = limit
-        part, rest = rest[:cut], rest[cut:]
-        if rest.startswith("\n"):
-            rest = rest[1:]
-        if part.strip():
-            parts.append(part)
-    if rest.strip():
-        parts.append(rest)
-    return parts
-
-
-def capped(parts: list[str], most: int = limits.OUTBOX_PARTS_MAX) -> list[str]:
-    """At most `most` parts: past that, the first `most - 1` and a note saying how much was cut."""
-    if len(parts) <= most:
-        return parts
-    return parts[:most - 1] + [CUT_NOTE.format(count=sum(len(part) for part in parts[most - 1:]))]
 
 
 def retry_delay(attempts: int) -> float:
@@ -232,19 +202,18 @@ class Outbox:
             rest = [r.id for r in rows[i:]]
             if row.next_try_at is not None and row.next_try_at > now:
                 return                          # it waits for its retry; the rest keep their order
-            if room is not None:
-                note = getattr(channel, "budget_note", None)
-                if room <= 0:
-                    await self.store.note_waiting(rest, why or "budget")
-                    return
-                backlog = row.id not in first
-                if note and len(rest) > room and (room == 1 or backlog and answered):
-                    # the answer not out yet: "reply to continue"; else the backlog in one line
-                    text = BACKLOG_NOTE.format(count=len(rest)) if backlog else note
-                    outcome = await channel.post(user_id, text, f"ias-{uuid.uuid4().hex}")
-                    await self.store.note_waiting(rest, "budget" if outcome in (SENT, UNKNOWN) else "window")
-                    log.info("outbox: %d parts for %s wait for their reply (send budget)", len(rest), user_id)
-                    return
+            go, note = budget(len(rest), room, channel.budget_note)
+            if not go and not note:
+                await self.store.note_waiting(rest, why or "budget")
+                return
+            backlog = row.id not in first
+            if note and (not go or backlog and answered):
+                # the answer not out yet: "reply to continue"; else the backlog in one line
+                text = BACKLOG_NOTE.format(count=len(rest)) if backlog else channel.budget_note
+                outcome = await channel.post(user_id, text, f"ias-{uuid.uuid4().hex}")
+                await self.store.note_waiting(rest, "budget" if outcome in (SENT, UNKNOWN) else "window")
+                log.info("outbox: %d parts for %s wait for their reply (send budget)", len(rest), user_id)
+                return
             outcome = await self._deliver(channel, row)
             if outcome in (SENT, UNKNOWN):
                 if outcome == SENT:
@@ -412,20 +381,20 @@ class Outbox:
     async def _keep_windows(self, now: datetime) -> None:
         """Ask the owner to write, once per window, when a task is due after their window would close."""
         channel = self.channels.get(self.primary)
-        if channel is None or not hasattr(channel, "state"):
+        if channel is None:
             return
         tasks = [t for t in await self.store.tasks(include_disabled=False) if t.next_run_at is not None]
         for user_id, theirs in groupby(sorted(tasks, key=lambda t: (t.user_id, t.next_run_at)), key=lambda t: t.user_id):
-            window = await channel.state(user_id)
+            window = await channel.window(user_id)
             stamp = now.timestamp()
-            if window.opened is None or window.asked or stamp >= window.closes or window.left <= 0:
+            if window is None or window.opened is None or window.asked or stamp >= window.closes or window.left <= 0:
                 continue
             quiet = stamp >= window.closes - limits.KEEPER_LEAD
             last = window.left <= 1
             if not (quiet or last):
                 continue
             low = now if last else datetime.fromtimestamp(window.closes, timezone.utc)
-            high = now + timedelta(seconds=channel.window)
+            high = now + timedelta(seconds=window.length)
             due = [t for t in theirs if low < t.next_run_at <= high]
             if not due:
                 continue

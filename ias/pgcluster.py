@@ -314,7 +314,8 @@ class Cluster:
             except ClusterError:
                 # Lost a race with another start (a postmaster.pid appeared meanwhile): wait for that server.
                 # A stale server's backends: retry for a while. Anything else is this start's own failure.
-                if not (stale or self._postmaster() is not None) or time.monotonic() > deadline:
+                if not (stale or self._postmaster() is not None) or time.monotonic() > deadline + (
+                        CLUSTER_START_TIMEOUT if self._backends_left() else 0):
                     raise
                 if attempt == 0:
                     log.info("embedded PostgreSQL cannot start yet (another start, or old backends of an unclean "
@@ -359,6 +360,18 @@ class Cluster:
             return os.readlink(f"/proc/{pid}/cwd") == str(self.datadir)
         except OSError:
             return True                                 # not ours to look into: a live postgres is enough
+
+    def _backends_left(self) -> bool:
+        """Whether postgres processes of this data directory still run (a killed server's backends finish their
+        statement before they notice: a long one keeps the shared memory, and so a new start, waiting)."""
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _alive_postgres(int(entry.name)):
+                try:
+                    if os.readlink(entry / "cwd") == str(self.datadir):
+                        return True
+                except OSError:
+                    continue
+        return False
 
     def _initdb(self, password: str) -> None:
         """initdb with password authentication; the verifier reaches it through a memfd, which the `postgres`

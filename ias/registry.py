@@ -20,7 +20,7 @@ from pathlib import Path
 from .changes import Change, Changes
 from .errors import SkillError
 from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
-from .sandbox import Policy
+from .sandbox import Policy, for_config, refusal
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, load_skill
 
 log = logging.getLogger(__name__)
@@ -209,9 +209,9 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 2       # 2: the ## Sandbox policy
+CACHE_VERSION = 3       # 2: the ## Sandbox policy; 3: Skill.kind
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
-                  "parameters_line", "builtin")
+                  "parameters_line", "kind", "builtin")
 
 
 def _lazy(parameters: dict) -> Callable[[object], list[str]]:
@@ -322,7 +322,6 @@ SKILLS_CACHE = "skills.cache.json"      # in $IAS_DATA_DIR
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
     `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
-    from .sandbox import load_problem
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
                          config.data_dir / SKILLS_CACHE if cached else None, mcp_cache(config),
                          confine=load_problem(config))
@@ -475,8 +474,25 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=made.validator, source=server.source,
-                             parameters_line=server.line, mcp=McpTool(server.name, raw, given), sandbox=server.sandbox)
+                             parameters_line=server.line, kind="mcp", mcp=McpTool(server.name, raw, given),
+                             sandbox=server.sandbox)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")
     return Listing(skills, problems, warnings, digests, kept)
+
+
+def load_problem(config):
+    """For the registry: (spec, source) -> why that skill does not load under `config`'s sandbox, or None —
+    a `## Sandbox` path inside the data directory or the repository, or a user skill or MCP server on a host
+    below the full level. The level is probed only when such a skill is there."""
+    box = for_config(config)
+
+    def problem(spec, source: str) -> str | None:
+        refused = box.refused(spec.sandbox)
+        if refused:
+            return refused
+        if source == "user" or isinstance(spec, McpServer):
+            return refusal(config, box)
+        return None
+    return problem

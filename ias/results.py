@@ -1,8 +1,9 @@
 """What the model sees of a skill call: every result string and truncation rule of SPEC §5–6.
 
 Other modules return facts — the runner a `RunResult` (exit code, output, stderr tail, timed
-out, overflowed, sizes), the approval an outcome status, the validator a list of errors — and
-the gate turns them into the JSON object the model reads through the functions here. The agent
+out, overflowed, sizes), a handler its JSON object, an MCP server its CallToolResult, the
+approval an outcome status, the validator a list of errors — and each executor and the gate
+turn them into the JSON object the model reads through the functions here. The agent
 keeps each result in the history cut to TOOL_RESULT_MAX characters by `for_history`, and the
 model's own calls within the bounds of SPEC §6.11 by `calls_for_history`.
 
@@ -21,14 +22,13 @@ from .limits import (ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, 
                      TOOL_RESULT_MAX)
 
 if TYPE_CHECKING:
-    from .mcp import CallResult
-    from .runner import RunResult
+    from .outcome import RunResult
 
 
 def of_run(run: RunResult) -> dict:
     """The result of a run that ended, as SPEC §5 describes it."""
     if run.timed_out:
-        return {"success": False, "error": f"技能执行超时（{_seconds(run.timeout)}s）：{run.skill}"}
+        return timed_out(run.skill, run.timeout)
     if run.overflowed:
         return {"success": False, "error": f"技能输出超过上限（{_size(OUTPUT_HELD_MAX)}），已终止：{run.skill}",
                 "truncated": True}
@@ -49,21 +49,24 @@ def of_run(run: RunResult) -> dict:
     return result
 
 
-def of_mcp(call: CallResult) -> dict:
+def of_handler(result: dict) -> dict:
+    """A built-in handler's JSON object as is; past STDOUT_TO_LLM bytes its text cut, as a script's output."""
+    text = json.dumps(result, ensure_ascii=False)
+    output, cut = _cut_utf8(text, STDOUT_TO_LLM)
+    return result if not cut else {"success": True, "output": output, "truncated": True}
+
+
+def of_mcp(name: str, answer: dict) -> dict:
     """The result of an MCP tools/call: text content joined; `isError` is a failure; structuredContent as
     `data`; images, audio and resources summarised; text past STDOUT_TO_LLM bytes cut (truncated)."""
-    if call.timed_out:
-        return {"success": False, "error": f"技能执行超时（{_seconds(call.timeout)}s）：{call.skill}"}
-    if call.result is None:
-        return {"success": False, "error": f"MCP 服务调用失败：{call.skill}：{_tail(call.error or '')}"}
-    content = call.result.get("content")
+    content = answer.get("content")
     parts = [_content_text(item) for item in content if isinstance(item, dict)] if isinstance(content, list) else []
     text, cut = _cut_utf8("\n".join(p for p in parts if p), STDOUT_TO_LLM)
-    if call.result.get("isError") is True:
-        result = {"success": False, "error": text or f"MCP 工具报告错误：{call.skill}"}
+    if answer.get("isError") is True:
+        result = {"success": False, "error": text or f"MCP 工具报告错误：{name}"}
     else:
         result = {"success": True, "output": text}
-        data = call.result.get("structuredContent")
+        data = answer.get("structuredContent")
         if data is not None:
             if len(json.dumps(data, ensure_ascii=False).encode("utf-8", "replace")) <= STDOUT_TO_LLM:
                 result["data"] = data
@@ -72,6 +75,21 @@ def of_mcp(call: CallResult) -> dict:
     if cut:
         result["truncated"] = True
     return result
+
+
+def mcp_failed(name: str, error: str) -> dict:
+    """An MCP call that got no result: the server could not start, answered an error or went away."""
+    return {"success": False, "error": f"MCP 服务调用失败：{name}：{_tail(error)}"}
+
+
+def handler_failed(error: str) -> dict:
+    """A built-in handler that failed (a store error): the model hears why."""
+    return {"success": False, "error": _tail(error)}
+
+
+def timed_out(name: str, timeout: float) -> dict:
+    """A call ended by the skill's timeout, whichever executor ran it."""
+    return {"success": False, "error": f"技能执行超时（{_seconds(timeout)}s）：{name}"}
 
 
 def _content_text(item: dict) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import replace
 from typing import Awaitable, Callable, Coroutine
 
@@ -39,7 +38,6 @@ from .outbox import Outbox
 log = logging.getLogger(__name__)
 
 FAILED = "抱歉，处理这条消息时出错了，请稍后再试。"
-SKILL_LINE = re.compile(r"^技能：(.*)$", re.M)        # the confirmation message's own (code-rendered) skill line
 NOTHING_PENDING = "当前没有等待确认的操作。"
 DB_DOWN = "数据库暂时不可用，请稍后再试。"
 HELD = "数据库暂时不可用，恢复后会处理你的消息。"
@@ -223,8 +221,7 @@ class Router:
             if not channel.can_confirm():
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
                 return False
-            skill = SKILL_LINE.search(message)
-            return await self.outbox.urgent(user_id, channel.name, message, skill.group(1) if skill else "?",
+            return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
         return await self.agent.turn(user_id, text, notify)
 

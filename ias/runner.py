@@ -1,4 +1,4 @@
-"""Run a skill's bash script in its own process group and report what it did (facts, see results.py).
+"""Run a skill's bash script in its own process group: the script executor (`Runner.run -> Outcome`).
 
 This is the only module that spawns skill processes. A run is `bash -c <Execute>`
 spawned with an argument list (never a shell string built from parameters), in the
@@ -21,13 +21,12 @@ Handled, and why:
   rest discarded, so a flood cannot grow the daemon. stderr keeps its tail only.
 - stdin is written without blocking while output is read; a script that exits
   without reading it is fine.
-- A run's HOME is named after the process that owns it (`run-<pid>-<start time>-…`), so the
-  next daemon start can tell the leftovers of a dead process (kill -9, power loss) from the
-  runs of a one-off command sharing the data directory right now: `recover()` ends what a
-  dead owner's skills left running (found by their HOME) and removes its run directories.
-  Where util-linux's `setpriv` exists, bash runs with PR_SET_PDEATHSIG=SIGKILL (set by
-  setpriv before it execs bash, so no preexec_fn in a threaded process): if the daemon dies,
-  the group leader dies with it at once; what it had started is ended by `recover()`.
+- A run's HOME is named after the process that owns it, so `processes.recover()` can end
+  what a dead daemon's runs left running. Where `setpriv` exists, bash runs with
+  PR_SET_PDEATHSIG=SIGKILL: if the daemon dies, the group leader dies with it at once.
+  (The /proc and process-group primitives live in processes.py.)
+- `execute` reports the process's facts (`RunResult`); `run`, the executor interface
+  (outcome.py), turns them into the model's result (results.of_run) and the audit's facts.
 - Environment limits: Linux caps one environment string at 128 KiB and cannot carry
   NUL, so an IAS_PARAMS or IAS_PARAM_* value that contains NUL, is not valid UTF-8
   (a lone surrogate) or is longer than ENV_VALUE_MAX bytes is left out; so is one
@@ -81,11 +80,12 @@ from .limits import (
     ENV_TOTAL_MAX,
     ENV_VALUE_MAX,
     KILL_GRACE,
-    KILL_POLL,
-    LEFTOVER_POLL,
     OUTPUT_HELD_MAX,
     STDERR_HELD_MAX,
 )
+from . import results
+from .outcome import Outcome, RunResult
+from .processes import end_leftovers, group_alive, identity, pdeathsig, remove_tree, signal_group, terminate
 from .sandbox import Policy, Sandbox, with_trust_store
 from .skills import RESERVED_ENV, Skill
 
@@ -93,62 +93,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _NOT_ENV_NAME = re.compile(r"[^A-Z0-9_]")
-_RUN_DIR = re.compile(r"run-(\d+)-(\d+)-[^/]+")
-_setpriv: list[str] | None = None        # the pdeathsig prefix, once known ([] = not available)
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of process `pid` (clock ticks since boot), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-    except OSError:
-        return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
-
-
-def identity() -> tuple[int, int]:
-    """This process, as (pid, start time): unlike a pid alone, never the same for two processes."""
-    pid = os.getpid()
-    return pid, process_start(pid) or 0
-
-
-def alive(pid: int, start: int) -> bool:
-    """Whether the process `identity()` described is still running."""
-    return process_start(pid) == start
-
-
-def _pdeathsig() -> list[str]:
-    """`setpriv --pdeathsig KILL --` when this system's setpriv supports it, else nothing."""
-    global _setpriv
-    if _setpriv is None:
-        path = shutil.which("setpriv")
-        _setpriv = []
-        if path:
-            try:
-                ok = subprocess.run([path, "--pdeathsig", "KILL", "--", "true"], stdin=subprocess.DEVNULL,
-                                    capture_output=True, timeout=5).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
-            if ok:
-                _setpriv = [path, "--pdeathsig", "KILL", "--"]
-    return _setpriv
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """What one run did: exit status, held output and why it ended — facts only; `results.of_run`
-    turns them into what the model sees."""
-    skill: str
-    exit_code: int | None        # negative = killed by that signal
-    stdout: str                  # held stdout, at most OUTPUT_HELD_MAX bytes before decoding
-    stderr: str                  # the tail of stderr
-    timed_out: bool
-    overflowed: bool             # stdout passed OUTPUT_HELD_MAX and the group was killed
-    timeout: float               # the timeout that applied
-    duration: float              # seconds from spawn to the end of the run
-    output_size: int             # stdout bytes seen, held or not
-    started_at: float            # time.monotonic() right after the spawn
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -157,7 +101,7 @@ class Server:
     name: str
     process: asyncio.subprocess.Process
     home: str
-    sandboxed: bool = True       # its group leader is bwrap: SIGTERM goes to the others (see _signal_group)
+    sandboxed: bool = True       # its group leader is bwrap: SIGTERM goes to the others (see signal_group)
 
 
 _SERVER_VAR = re.compile(r"\$(?:\{(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\}|(IAS_PYTHON|IAS_HOME|IAS_SKILL_DIR)\b)")
@@ -246,8 +190,14 @@ class Runner:
         """Number of skills running now."""
         return len(self._runs)
 
-    async def run(self, skill: Skill, params: dict, *, timeout: float | None = None) -> RunResult:
-        """Run `skill` with `params` (defaults already applied) and wait for it to end."""
+    async def run(self, skill: Skill, params: dict, user: str | None = None) -> Outcome:
+        """The executor interface: run script skill `skill` and report its Outcome (`user` plays no part)."""
+        run = await self.execute(skill, params)
+        return Outcome(skill.name, results.of_run(run), duration=run.duration, output_size=run.output_size,
+                       truncated=results.truncated(run), timed_out=run.timed_out, exit_code=run.exit_code)
+
+    async def execute(self, skill: Skill, params: dict, *, timeout: float | None = None) -> RunResult:
+        """Run `skill` with `params` (defaults already applied), wait for it to end; the process's facts."""
         limit = float(skill.timeout if timeout is None else timeout)
         entry = _Run()
         self._runs.add(entry)
@@ -300,7 +250,7 @@ class Runner:
                 transport.close()
         finally:
             if home is not None:
-                await _remove_tree(home)
+                await remove_tree(home)
         code = transport.get_returncode()
         if entry.sandboxed and entry.signalled and code is not None and 128 < code < 160:
             code = 128 - code       # bwrap reports a signal's death as 128+N, as a shell does
@@ -333,55 +283,29 @@ class Runner:
                 why = "timed out" if timed_out else "output overflow" if output.overflowed else "shutdown"
                 log.warning("skill %s: %s; terminating group %d", name, why, pgid)
                 entry.signalled = True
-                await self._terminate(pgid, entry.sandboxed)
+                await terminate(pgid, entry.sandboxed, self._kill_grace)
                 await output.exited.wait()   # reaped
             if output.overflowed:
                 output.discard_rest()
             await _wait_for(output.closed, DRAIN_TIMEOUT)
-            if _group_alive(pgid):
+            if group_alive(pgid):
                 if not entry.sandboxed:
                     log.warning("skill %s: terminating what it left running in group %d", name, pgid)
-                await self._end_leftovers(pgid, entry.sandboxed)
+                await end_leftovers(pgid, entry.sandboxed, self._kill_grace)
                 await _wait_for(output.closed, DRAIN_TIMEOUT)
             if not output.closed.is_set():
                 log.warning("skill %s: output still open after the drain; a process left its group", name)
             return timed_out
         except BaseException:   # cancelled: no time left for a grace period
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             raise
-
-    async def _end_leftovers(self, pgid: int, sandboxed: bool) -> None:
-        """End what a run left in its group once its first process is gone. Sandboxed, that first process was
-        bwrap: its pid namespace is already being torn down by the kernel (bwrap returns as soon as the
-        script exits, its init follows a moment later), so no grace is owed: SIGKILL, and wait briefly."""
-        if not sandboxed:
-            await self._terminate(pgid, False)
-            return
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + self._kill_grace
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            await asyncio.sleep(LEFTOVER_POLL)
-
-    async def _terminate(self, pgid: int, sandboxed: bool) -> None:
-        """SIGTERM the group, give it kill_grace seconds, then SIGKILL whatever is left.
-
-        A sandboxed group's leader is bwrap, which would die of SIGTERM at once and take the
-        sandbox with it, grace or not: SIGTERM goes to the other members; SIGKILL to all."""
-        if not _signal_group(pgid, signal.SIGTERM, spare_leader=sandboxed):
-            return
-        deadline = time.monotonic() + self._kill_grace
-        while (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(KILL_POLL, left))
-            if not _group_alive(pgid):
-                return
-        _signal_group(pgid, signal.SIGKILL)
 
     def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,
                    env: dict[str, str]) -> tuple[list[str], bool]:
         """`argv` as spawned: in the sandbox (SPEC 10), unless `- unconfined` or the host has no full level;
         and whether it is. Raises PermissionError for a policy that may not run (a path inside the data dir)."""
         if policy.unconfined or not self.sandbox.level().full:
-            return [*_pdeathsig(), *argv], False
+            return [*pdeathsig(), *argv], False
         policy = with_trust_store(policy, env)
         refused = self.sandbox.refused(policy)
         if refused:
@@ -445,7 +369,7 @@ class Runner:
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=directory, env=env, start_new_session=True, limit=line_max)
         except BaseException:
-            await _remove_tree(home)
+            await remove_tree(home)
             raise
         server = Server(name, proc, home, sandboxed)
         self._servers.add(server)
@@ -462,65 +386,18 @@ class Runner:
                 try:
                     await asyncio.wait_for(proc.wait(), grace)
                 except asyncio.TimeoutError:
-                    await self._terminate(proc.pid, server.sandboxed)
-            if _group_alive(proc.pid):          # what it left behind in its group
-                await self._end_leftovers(proc.pid, server.sandboxed)
+                    await terminate(proc.pid, server.sandboxed, self._kill_grace)
+            if group_alive(proc.pid):          # what it left behind in its group
+                await end_leftovers(proc.pid, server.sandboxed, self._kill_grace)
             if not await _wait_for_process(proc, DRAIN_TIMEOUT):
                 log.warning("mcp server %s: a process that left its group still holds its pipes", server.name)
         except BaseException:
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             raise
         finally:
             self._servers.discard(server)
-            await _remove_tree(server.home)
+            await remove_tree(server.home)
         log.info("mcp server %s stopped (exit %s)", server.name, proc.returncode)
-
-
-def recover(run_dir: Path) -> int:
-    """At daemon start: end what dead processes' runs left running, and remove their run directories.
-
-    A run directory whose owner (named in it) still runs is left alone: a one-off command may
-    be using it right now. A process counts as a dead run's when its HOME is that run's
-    directory; its whole group is killed. Returns the number of directories removed.
-    """
-    try:
-        entries = [entry for entry in os.scandir(run_dir) if entry.is_dir(follow_symlinks=False)]
-    except OSError:
-        return 0
-    leftovers = set()
-    for entry in entries:
-        match = _RUN_DIR.fullmatch(entry.name)
-        if match is None or not alive(int(match[1]), int(match[2])):
-            leftovers.add(os.path.abspath(entry.path))
-    if not leftovers:
-        return 0
-    for pgid in _groups_with_home(leftovers):
-        log.warning("killing process group %d left running by a run of a process that is gone", pgid)
-        _signal_group(pgid, signal.SIGKILL)
-    for path in leftovers:
-        shutil.rmtree(path, onerror=_force_remove)
-        if os.path.lexists(path):
-            log.warning("could not remove leftover run directory %s", path)
-    log.info("removed %d leftover run directories from %s", len(leftovers), run_dir)
-    return len(leftovers)
-
-
-def _groups_with_home(homes: set[str]) -> set[int]:
-    """Process groups of the running processes whose environment has HOME set to one of `homes`."""
-    wanted = {b"HOME=" + os.fsencode(home) for home in homes}
-    groups = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            if wanted.intersection(environ):
-                groups.add(os.getpgid(int(name)))
-        except OSError:
-            continue
-    groups.discard(os.getpgrp())       # never our own
-    return groups
 
 
 def _params_json(params: dict) -> str:
@@ -575,48 +452,6 @@ def _env_size(value: str) -> int:
     return size if "\0" not in value and size <= ENV_VALUE_MAX else ENV_TOTAL_MAX + 1
 
 
-def _signal_group(pgid: int, sig: int, spare_leader: bool = False) -> bool:
-    """Send `sig` to the group (to all its members but the leader when `spare_leader`); False when none of it
-    is left."""
-    try:
-        os.killpg(pgid, 0 if spare_leader else sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        log.warning("cannot signal process group %d", pgid)
-    if spare_leader:
-        for pid in _members(pgid) - {pgid}:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-    return True
-
-
-def _members(pgid: int) -> set[int]:
-    """The pids of the group's processes that are not zombies."""
-    members = set()
-    try:
-        pids = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return members
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.add(int(pid))
-    return members
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs; zombies that init never reaps (a container
-    without an init) do not count."""
-    return _signal_group(pgid, 0) and bool(_members(pgid))
-
-
 async def _wait_for(event: asyncio.Event, timeout: float) -> bool:
     """Wait for `event` at most `timeout` seconds; whether it was set."""
     if event.is_set():
@@ -635,33 +470,6 @@ async def _wait_for_process(proc: asyncio.subprocess.Process, timeout: float) ->
     except asyncio.TimeoutError:
         return False
     return True
-
-
-async def _remove_tree(path: str) -> None:
-    """Remove a run's HOME; a thread only when the script left something in it."""
-    try:
-        os.rmdir(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError:
-        pass
-    await asyncio.to_thread(shutil.rmtree, path, onerror=_force_remove)
-    if os.path.lexists(path):
-        log.warning("could not remove run directory %s", path)
-
-
-def _force_remove(func, path: str, _exc_info) -> None:
-    """rmtree error hook: scripts leave read-only directories behind (Go's module cache does)."""
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if func in (os.rmdir, os.unlink):
-            func(path)
-        else:
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=_force_remove)
-    except OSError:
-        pass
 
 
 def _reason(exc: Exception) -> str:

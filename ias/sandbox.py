@@ -314,20 +314,3 @@ def refusal(config, box: Sandbox | None = None) -> str | None:
     return (f"the sandbox level here is {level}"
             + (f" ({level.missing})" if level.name == "none" and level.missing else "")
             + "; user skills and MCP servers need the full level (or [sandbox] allow_partial = true in ias.toml)")
-
-
-def load_problem(config):
-    """For the registry: (spec, source) -> why that skill does not load under `config`'s sandbox, or None —
-    a `## Sandbox` path inside the data directory or the repository, or a user skill or MCP server on a host
-    below the full level. The level is probed only when such a skill is there."""
-    from .skills import McpServer
-    box = for_config(config)
-
-    def problem(spec, source: str) -> str | None:
-        refused = box.refused(spec.sandbox)
-        if refused:
-            return refused
-        if source == "user" or isinstance(spec, McpServer):
-            return refusal(config, box)
-        return None
-    return problem

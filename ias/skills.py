@@ -20,13 +20,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Skill:
-    """One loaded skill: everything the gate, the runner and the LLM need."""
+    """One loaded skill: everything the gate, its executor and the LLM need.
+
+    `kind` says which executor runs it (the gate dispatches on it): "script" runs `execute` (## Execute)
+    in a process, "builtin" runs the in-process handler `builtin` (## Builtin), "mcp" calls the tool
+    `mcp` of an MCP server. Only the field of its kind is set; the others are empty."""
     name: str
     title: str
     description: str
     risk: str                     # "low" | "high"
     parameters: dict              # JSON Schema (object)
-    execute: str                  # the bash script of ## Execute
+    execute: str                  # kind "script": the bash script of ## Execute ("" for the other kinds)
     timeout: float                # seconds
     env: tuple[str, ...]          # names passed through from the daemon's environment
     directory: Path
@@ -34,9 +38,16 @@ class Skill:
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
     parameters_line: int = 1      # line of the ## Parameters JSON block in SKILL.md, for warnings
-    builtin: str | None = None    # the in-process handler of ## Builtin (then `execute` is empty)
-    mcp: McpTool | None = None    # run as a tool of an MCP server instead of `execute`
+    kind: str = "script"          # "script" | "builtin" | "mcp": which executor runs it (KINDS)
+    builtin: str | None = None    # kind "builtin": the handler ## Builtin names (one of BUILTIN_NAMES)
+    mcp: McpTool | None = None    # kind "mcp": the server and its tool
     sandbox: Policy = Policy()    # ## Sandbox: what it may reach beyond the default (SPEC 10)
+
+    def __post_init__(self) -> None:
+        if (self.kind not in KINDS or (self.kind == "builtin") != (self.builtin is not None)
+                or (self.kind == "mcp") != (self.mcp is not None)):
+            raise ValueError(f"skill {self.name}: kind {self.kind!r} with builtin={self.builtin!r}, "
+                             f"mcp={self.mcp!r}")
 
     @property
     def high(self) -> bool:
@@ -72,6 +83,7 @@ class McpServer:
         return self.directory / "SKILL.md"
 
 
+KINDS = ("script", "builtin", "mcp")     # how a skill runs; the gate has one executor for each
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -91,6 +103,8 @@ SECTION_ALIASES = {
 }
 REQUIRED_SECTIONS = ("risk", "parameters")
 EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
+# The `## Builtin` vocabulary: the in-process handlers a SKILL.md may name (handlers.py implements each).
+BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find"})
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 # CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
 # the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
@@ -276,16 +290,15 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServe
 
     builtin = None
     if "builtin" in sections:
-        from .builtins import HANDLERS
         section = sections["builtin"]
         lines = _text(section)
         value = lines[0][1] if lines else ""
-        if value in HANDLERS and len(lines) == 1:
+        if value in BUILTIN_NAMES and len(lines) == 1:
             builtin = value
         else:
             line = lines[0][0] if lines else section.line
             problems.append(f"{where}:{line}: unknown built-in handler '{_clip(value)}' "
-                            f"(one line, one of: {', '.join(sorted(HANDLERS))})")
+                            f"(one line, one of: {', '.join(sorted(BUILTIN_NAMES))})")
 
     timeout = float(SKILL_TIMEOUT_DEFAULT)
     if "timeout" in sections:
@@ -327,7 +340,7 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServe
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
                  directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line,
-                 builtin=builtin, sandbox=policy)
+                 kind="builtin" if builtin is not None else "script", builtin=builtin, sandbox=policy)
 
 
 def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, problems: list[str],

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 
 from ias.app import App, build
 from ias.auditchain import AuditChain
-from ias.channels.base import Channel
+from ias.channels.base import FAILED, SENT, Channel
 from ias.config import Config
 from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
@@ -367,7 +367,8 @@ def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:
 
 
 class FakeChannel(Channel):
-    """A channel whose sends are recorded (and can be refused); `wait_for()` waits for one."""
+    """A channel without a window whose posts are recorded (and can be refused: FAILED); `wait_for()` waits
+    for one."""
 
     def __init__(self, name: str = "fake", deliver: bool = True):
         self.name = name
@@ -381,11 +382,11 @@ class FakeChannel(Channel):
     async def stop(self) -> None:
         pass
 
-    async def send(self, user_id: str, text: str) -> bool:
+    async def post(self, user_id: str, text: str, client_id: str) -> str:
         async with self._arrived:
             self.sent.append((user_id, text))
             self._arrived.notify_all()
-        return self.deliver
+        return SENT if self.deliver else FAILED
 
     async def wait_for(self, needle: str, timeout: float = 10) -> str:
         """The first sent text containing `needle` (waiting for it if need be)."""

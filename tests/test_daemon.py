@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 
 from ias.pgcluster import Cluster, find_bindir
-from ias.runner import identity
+from ias.processes import identity
 from ias.store import AuditEntry
 from ias.unwritten import End
 from tests.servers.llm import LLMServer, calls, text

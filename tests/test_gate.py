@@ -20,7 +20,7 @@ from ias.limits import ARGUMENTS_MAX, AUDIT_KEY_MAX, AUDIT_VALUE_MAX
 from ias.gate import NOT_SAVED, Gate
 from ias.pgcluster import Cluster
 from ias.results import interrupted
-from ias.runner import identity
+from ias.processes import identity
 from ias.store import AuditEntry, Store
 from ias.unwritten import FILE, End
 from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env

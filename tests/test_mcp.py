@@ -6,17 +6,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import unittest
 from pathlib import Path
+from unittest import mock
 
-from ias import results, schema
+from ias import mcp, results, schema
 from ias.changes import ADDED, MODIFIED, Change
 from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
+from ias.supervisor import Supervisor
 from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
                            granted, slow, until, with_env)
 
@@ -219,7 +222,7 @@ class FirstListingTest(McpTestCase):
         servers = Servers(self.registry, self.runner, self.tmp / "mcp", tells_owner=True)
         try:
             await servers.check("demo")
-            await servers.call(self.registry.get("demo__grow"), {})
+            await servers.run(self.registry.get("demo__grow"), {}, "owner")
             await until(lambda: "extra" in json.dumps(cached_tools(self.tmp / "mcp", self.registry.servers["demo"])))
             self.assertEqual(self.registry.get("demo__extra").risk, "high")
         finally:
@@ -270,16 +273,24 @@ class FirstListingTest(McpTestCase):
                 now = time.monotonic()
                 gaps.append(now - last)
                 last = now
+        threads: list[str] = []
+        listed = mcp.mcp_skills
+
+        def in_thread(*args):                           # the schema checks run off the event loop
+            threads.append("main" if threading.current_thread() is threading.main_thread() else "worker")
+            return listed(*args)
         ticker = asyncio.create_task(tick())
         try:
             started = time.monotonic()
-            tools, problems = await self.app.mcp.check("demo")
+            with mock.patch.object(mcp, "mcp_skills", in_thread):
+                tools, problems = await self.app.mcp.check("demo")
             took = time.monotonic() - started
             await asyncio.sleep(0.05)                   # the ticker notes the gap it may just have lived through
         finally:
             ticker.cancel()
         self.assertLess(took, 10)
-        self.assertLess(max(gaps), 0.2, f"the loop stood still {max(gaps):.3f}s")
+        self.assertEqual(threads, ["worker"])
+        self.assertLess(max(gaps), 1.0, f"the loop stood still {max(gaps):.3f}s")
         self.assertNotIn("demo__fan0", tools)
         self.assertIn("demo__echo", tools)
         refused = [p for p in problems if "fan" in p]
@@ -339,6 +350,27 @@ class LifecycleTest(McpTestCase):
         finally:
             await servers.close()
         self.assertEqual(self.server_pids(), [])
+
+    async def test_a_keeper_dying_of_the_unexpected_stops_the_daemon_loudly(self):
+        # STYLE 14: a keeper dying of anything but McpError used to vanish with its bare ensure_future.
+        records = capture_logs(self)
+        supervisor = Supervisor()
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", spawn=supervisor.spawn)
+        with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
+            servers.keep()
+            await asyncio.wait_for(supervisor.failed.wait(), 10)
+            await servers.close()
+        self.assertRegex(supervisor.reason, r"task mcp (demo|picky) keeper crashed: RuntimeError\('unexpected'\)")
+        self.assertTrue(any(r.levelname == "CRITICAL" and r.exc_info for r in records))
+
+    async def test_without_a_supervisor_a_dying_keeper_is_logged(self):
+        records = capture_logs(self)
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp")      # a one-off command's
+        with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
+            servers.keep()
+            await until(lambda: sum("keeper crashed" in r.getMessage() for r in records) == 2)
+            await servers.close()
+        self.assertTrue(all(r.exc_info for r in records if "keeper crashed" in r.getMessage()))
 
 
 class SkillFileTest(unittest.TestCase):
@@ -455,16 +487,13 @@ class RelaxTest(unittest.TestCase):
 
 class ResultTest(unittest.TestCase):
     def test_content_kinds(self):
-        from ias.mcp import CallResult
-        call = CallResult("s", 5, result={"content": [{"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
-                                                      {"type": "resource_link", "uri": "file:///a", "name": "a"},
-                                                      {"type": "weird"}, "junk"]})
-        self.assertEqual(results.of_mcp(call)["output"].splitlines(),
+        answer = {"content": [{"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
+                              {"type": "resource_link", "uri": "file:///a", "name": "a"}, {"type": "weird"}, "junk"]}
+        self.assertEqual(results.of_mcp("s", answer)["output"].splitlines(),
                          ["[audio audio/wav, 3 bytes]", "[resource link file:///a a]", "[weird content]"])
-        self.assertEqual(results.of_mcp(CallResult("s", 5, result={"isError": True})),
-                         {"success": False, "error": "MCP 工具报告错误：s"})
-        huge = CallResult("s", 5, result={"content": [], "structuredContent": {"k": "v" * 70000}})
-        self.assertEqual(results.of_mcp(huge), {"success": True, "output": "", "truncated": True})
+        self.assertEqual(results.of_mcp("s", {"isError": True}), {"success": False, "error": "MCP 工具报告错误：s"})
+        huge = {"content": [], "structuredContent": {"k": "v" * 70000}}
+        self.assertEqual(results.of_mcp("s", huge), {"success": True, "output": "", "truncated": True})
 
 
 @slow

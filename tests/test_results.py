@@ -5,7 +5,7 @@ import unittest
 
 from ias import results
 from ias.limits import ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_NAME_SHOWN, TOOL_RESULT_MAX
-from ias.runner import RunResult
+from ias.outcome import RunResult
 
 
 def run(**facts) -> RunResult:
@@ -47,6 +47,18 @@ class OfRunTest(unittest.TestCase):
         self.assertEqual(result, {"success": True, "output": "é" * (STDOUT_TO_LLM // 2), "truncated": True})
         self.assertTrue(results.truncated(big))
         self.assertFalse(results.truncated(run(stdout="a" * STDOUT_TO_LLM)))
+
+    def test_a_handler_answer_as_is_until_it_passes_what_the_model_may_see(self):
+        small = {"success": True, "tasks": []}
+        self.assertIs(results.of_handler(small), small)
+        big = results.of_handler({"success": True, "text": "中" * STDOUT_TO_LLM})
+        self.assertEqual((big["success"], big["truncated"]), (True, True))
+        self.assertLessEqual(len(big["output"].encode()), STDOUT_TO_LLM)
+
+    def test_every_executor_times_out_and_fails_in_the_same_words(self):
+        self.assertEqual(results.timed_out("s", 2.5), results.of_run(run(timed_out=True, timeout=2.5, exit_code=-15)))
+        self.assertEqual(results.mcp_failed("s", "  gone\n"), {"success": False, "error": "MCP 服务调用失败：s：gone"})
+        self.assertEqual(results.handler_failed("no task with id 3"), {"success": False, "error": "no task with id 3"})
 
 
 class RefusalTest(unittest.TestCase):

@@ -6,6 +6,7 @@ import random
 import re
 from unittest import mock
 
+from ias import approval
 from ias.agent import HELP
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
@@ -88,6 +89,29 @@ class ApprovalReplyTest(RouterTestCase):
             self.assertNotIn("随便说点什么".encode(), raw)
         history = json.dumps(await self.store.recent_messages("owner", 50), ensure_ascii=False)
         self.assertNotIn(code, history)
+
+    async def test_the_skill_asked_about_is_passed_as_data_not_read_back_from_the_message(self):
+        # Issue 23: the router took the skill's name from the first `技能：` line of the rendered message.
+        render = approval.render
+
+        def misleading(*args, **kwargs) -> str:
+            return "技能：echo_low\n" + render(*args, **kwargs)
+        named = []
+        urgent = self.router.outbox.urgent
+
+        async def recording(user_id, channel, message, name, timeout):
+            named.append(name)
+            return await urgent(user_id, channel, message, name, timeout)
+        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("标好了。"))
+        with mock.patch.object(approval, "render", misleading), \
+                mock.patch.object(self.router.outbox, "urgent", recording):
+            turn = self.deliver("请标记")
+            code = CODE_LINE.search(await self.wechat.wait_for("确认码：")).group(1)
+            await self.deliver(code)
+            await turn
+        self.assertEqual(named, ["mark_high"])
+        self.assertIsNone(self.approvals.asking("owner"))       # asked about only while the approval waits
+        self.assertEqual(self.runs(), 1)
 
     async def test_a_code_with_nothing_pending_is_intercepted(self):
         for reply in ("123456", " １２３４５６ "):

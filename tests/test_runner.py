@@ -17,9 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
-from ias import results, runner as runner_module, schema
+from ias import processes, results, runner as runner_module, schema
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
-from ias.runner import Runner, RunResult
+from ias.outcome import RunResult
+from ias.runner import Runner
 from ias.sandbox import Policy
 from ias.skills import Skill
 from tests.support import until, with_env
@@ -114,7 +115,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_parameters_reach_stdin_and_environment(self):
         params = {"out_dir": str(self.out), "count": 3, "ratio": 2.5, "flag": True, "off": False,
                   "nothing": None, "obj": {"a": [1, "é"]}, "list": [1, 2], "weird-key.x": "v", "ünï": "u"}
-        result = await self.runner.run(self.skill("echo_back"), params)
+        result = await self.runner.execute(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(results.of_run(result), {"success": True, "echoed": True})
         text = json.dumps(params, ensure_ascii=False).encode()
@@ -137,7 +138,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         params = {"out_dir": str(self.out)}
         params.update((f"p{i}", value) for i, value in enumerate(corpus))
         params[f"key; touch {marker}"] = "k"
-        result = await self.runner.run(self.skill("echo_back"), params)
+        result = await self.runner.execute(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         text = json.dumps(params, ensure_ascii=False)
         self.assertEqual(self.echoed("stdin"), text.encode())
@@ -154,7 +155,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         params = {"out_dir": str(self.out), "big": big, "nul": "a\0b", "lone": "\ud800",
                   "edge_ok": "y" * ENV_VALUE_MAX, "edge_over": "y" * (ENV_VALUE_MAX + 1),
                   "a-b": "1", "a_b": "2", "small": "s"}
-        result = await self.runner.run(self.skill("echo_back"), params)
+        result = await self.runner.execute(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         stdin = self.echoed("stdin")
         self.assertEqual(stdin, json.dumps(params).encode())   # a lone surrogate forces ASCII escapes
@@ -166,7 +167,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_parameter_variables_stay_under_the_total_cap(self):
         params = {"out_dir": str(self.out)}
         params.update((f"p{i}", chr(ord("a") + i % 26) * 60_000) for i in range(40))   # 2.4 MB > ARG_MAX
-        result = await self.runner.run(self.skill("echo_back"), params)
+        result = await self.runner.execute(self.skill("echo_back"), params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(self.echoed("stdin"), json.dumps(params).encode())
         echoed = self.echoed_params()
@@ -179,14 +180,14 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_big_stdin_is_written_while_output_is_read(self):
         params = {"mode": "cat_stdin", "blob": "汉" * 300_000}   # 900 KB echoed back through a 64 KiB pipe
-        result = await asyncio.wait_for(self.runner.run(self.skill("outputs"), params), 10)
+        result = await asyncio.wait_for(self.runner.execute(self.skill("outputs"), params), 10)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.stdout, json.dumps(params, ensure_ascii=False))
         self.assertFalse(result.overflowed)
 
     async def test_script_need_not_read_stdin(self):
         params = {"mode": "ignore_stdin", "blob": "z" * 2_000_000}
-        result = await asyncio.wait_for(self.runner.run(self.skill("outputs"), params), 10)
+        result = await asyncio.wait_for(self.runner.execute(self.skill("outputs"), params), 10)
         self.assertEqual((result.exit_code, result.stdout), (0, "ignored\n"))
 
     # Environment, HOME, cwd
@@ -197,7 +198,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
                    "HOME": "/root", "LANG": "de_DE.UTF-8"}
         self.runner = self.make_runner(environ=environ, python="/opt/py/bin/python3")
         skill = self.skill("echo_back", env=("QWEATHER_API_KEY", "NOT_SET_ANYWHERE", "HOME", "LANG"))
-        result = await self.runner.run(skill, {"out_dir": str(self.out), "q": "1"})
+        result = await self.runner.execute(skill, {"out_dir": str(self.out), "q": "1"})
         self.assertEqual(result.exit_code, 0, result.stderr)
         given = parse_env(self.echoed("environ"))   # what bash was started with, exactly
         home = self.echoed("home").decode().splitlines()[0]
@@ -218,7 +219,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         secrets = {"OPENAI_API_KEY": "sk-test", "NOTIFY_SOCKET": "@ias-notify", "QWEATHER_API_KEY": "qw-key"}
         with mock.patch.dict(os.environ, secrets):
             self.runner = self.make_runner(environ=None)
-            result = await self.runner.run(self.skill("echo_back", env=("QWEATHER_API_KEY",)),
+            result = await self.runner.execute(self.skill("echo_back", env=("QWEATHER_API_KEY",)),
                                            {"out_dir": str(self.out)})
         self.assertEqual(result.exit_code, 0, result.stderr)
         seen = parse_env(self.echoed("env0"))
@@ -229,11 +230,11 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_default_path_when_the_daemon_has_none(self):
         self.runner = self.make_runner(environ={})
-        await self.runner.run(self.skill("echo_back"), {"out_dir": str(self.out)})
+        await self.runner.execute(self.skill("echo_back"), {"out_dir": str(self.out)})
         self.assertEqual(parse_env(self.echoed("environ"))["PATH"], "/usr/local/bin:/usr/bin:/bin")
 
     async def test_home_is_private_and_removed_and_cwd_is_the_skill_directory(self):
-        result = await self.runner.run(self.skill("echo_back"), {"out_dir": str(self.out)})
+        result = await self.runner.execute(self.skill("echo_back"), {"out_dir": str(self.out)})
         self.assertEqual(result.exit_code, 0, result.stderr)
         home, mode = self.echoed("home").decode().splitlines()
         self.assertEqual(Path(home).parent, self.run_dir)
@@ -250,7 +251,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_timeout_kills_the_whole_group(self):
         pidfile = self.out / "pids"
         t0 = time.monotonic()
-        task = asyncio.create_task(self.runner.run(self.skill("sleeper"), {"pidfile": str(pidfile)}, timeout=1))
+        task = asyncio.create_task(self.runner.execute(self.skill("sleeper"), {"pidfile": str(pidfile)}, timeout=1))
         _pid, _child, home = (await wait_for_file(pidfile)).split()
         pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")      # bash and its sleeps, as the host sees them
         group = os.getpgid(pids[0])
@@ -269,14 +270,14 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_skill_timeout_applies_when_none_is_given(self):
         skill = self.skill("sleeper", timeout=0.5)
-        result = await self.runner.run(skill, {"pidfile": str(self.out / "pids"), "ignore_term": False})
+        result = await self.runner.execute(skill, {"pidfile": str(self.out / "pids"), "ignore_term": False})
         self.assertTrue(result.timed_out)
         self.assertEqual(result.exit_code, -signal.SIGTERM)
         self.assertEqual(results.of_run(result)["error"], "技能执行超时（0.5s）：sleeper")
 
     async def test_kill_all_ends_every_run(self):
         files = [self.out / "a", self.out / "b"]
-        tasks = [asyncio.create_task(self.runner.run(self.skill("sleeper", timeout=60),
+        tasks = [asyncio.create_task(self.runner.execute(self.skill("sleeper", timeout=60),
                                                      {"pidfile": str(f), "ignore_term": ignore}))
                  for f, ignore in zip(files, (True, False))]
         for f in files:
@@ -299,7 +300,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_cancelled_run_kills_its_group_and_cleans_up(self):
         pidfile = self.out / "pids"
-        task = asyncio.create_task(self.runner.run(self.skill("sleeper", timeout=60), {"pidfile": str(pidfile)}))
+        task = asyncio.create_task(self.runner.execute(self.skill("sleeper", timeout=60), {"pidfile": str(pidfile)}))
         _pid, _child, home = (await wait_for_file(pidfile)).split()
         pids = with_env(f"IAS_PARAM_PIDFILE={pidfile}")
         group = os.getpgid(pids[0])
@@ -314,7 +315,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_leftover_processes_are_ended_when_the_script_exits(self):
         pidfile = self.out / "pids"
-        result = await self.runner.run(self.skill("outputs"), {"mode": "leftover", "pidfile": str(pidfile)})
+        result = await self.runner.execute(self.skill("outputs"), {"mode": "leftover", "pidfile": str(pidfile)})
         self.assertEqual((result.exit_code, result.stdout), (0, "ok\n"))
         self.assertLess(result.duration, 1.5)
         self.assertEqual(with_env(f"IAS_PARAM_PIDFILE={pidfile}"), [], "the background sleep outlived its run")
@@ -324,7 +325,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         marker = f"IAS_PARAM_PIDFILE={pidfile}"
         self.addCleanup(_kill_marked, marker)
         with mock.patch.object(runner_module, "DRAIN_TIMEOUT", 0.3):
-            result = await asyncio.wait_for(self.runner.run(self.skill("escapee"), {"pidfile": str(pidfile)}), 5)
+            result = await asyncio.wait_for(self.runner.execute(self.skill("escapee"), {"pidfile": str(pidfile)}), 5)
         self.assertEqual((result.exit_code, result.stdout, result.timed_out), (0, "done\n", False))
         self.assertLess(result.duration, 2)
         self.assertEqual(with_env(marker), [], "the setsid child outlived the call (sandboxed: its pid namespace ends)")
@@ -335,7 +336,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.addCleanup(_kill_marked, marker)
         skill = replace(self.skill("escapee"), sandbox=Policy(unconfined=True))
         with mock.patch.object(runner_module, "DRAIN_TIMEOUT", 0.3):
-            result = await asyncio.wait_for(self.runner.run(skill, {"pidfile": str(pidfile)}), 5)
+            result = await asyncio.wait_for(self.runner.execute(skill, {"pidfile": str(pidfile)}), 5)
         self.assertEqual((result.exit_code, result.stdout, result.timed_out), (0, "done\n", False))
         self.assertLess(result.duration, 2)
 
@@ -344,7 +345,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_output_flood_is_capped_without_growing_memory(self):
         baseline = _reset_peak_rss()
         tag = uuid.uuid4().hex
-        result = await self.runner.run(self.skill("flood"), {"tag": tag})
+        result = await self.runner.execute(self.skill("flood"), {"tag": tag})
         growth = _peak_rss() - baseline
         self.assertTrue(result.overflowed)
         self.assertFalse(result.timed_out)
@@ -359,7 +360,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assert_no_runs_left()
 
     async def test_large_output_is_truncated_on_a_utf8_boundary(self):
-        result = await self.runner.run(self.skill("outputs"), {"mode": "big_utf8"})
+        result = await self.runner.execute(self.skill("outputs"), {"mode": "big_utf8"})
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.output_size, 2 + 99_999)
         self.assertEqual(result.stdout, "ab" + "汉" * 33_333)
@@ -379,7 +380,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
             "fail_long": {"success": False, "error": "e" * ERROR_TAIL, "exit_code": 5},
             "fail_silent": {"success": False, "error": "技能执行失败（退出码 6）：outputs", "exit_code": 6},
         }
-        runs = await asyncio.gather(*(self.runner.run(self.skill("outputs"), {"mode": m}) for m in cases))
+        runs = await asyncio.gather(*(self.runner.execute(self.skill("outputs"), {"mode": m}) for m in cases))
         for (mode, expected), result in zip(cases.items(), runs):
             with self.subTest(mode=mode):
                 self.assertEqual(results.of_run(result), expected)
@@ -388,7 +389,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
     async def test_stderr_keeps_its_tail(self):
         skill = replace(self.skill("outputs"),
                         execute="head -c 200000 /dev/zero | tr '\\0' a >&2; printf END >&2; exit 1")
-        result = await self.runner.run(skill, {})
+        result = await self.runner.execute(skill, {})
         self.assertEqual(len(result.stderr), 64 * 1024)
         self.assertTrue(result.stderr.endswith("aaaEND"))
         self.assertEqual(results.of_run(result)["error"], ("a" * ERROR_TAIL + "END")[-ERROR_TAIL:])
@@ -407,7 +408,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_concurrent_runs_do_not_interfere(self):
         t0 = time.monotonic()
-        results = await asyncio.gather(*(self.runner.run(self.skill("outputs"),
+        results = await asyncio.gather(*(self.runner.execute(self.skill("outputs"),
                                                          {"mode": "tag", "tag": f"run{i}", "code": i % 3})
                                          for i in range(8)))
         self.assertLess(time.monotonic() - t0, 8 * 0.3 * 0.6)
@@ -421,12 +422,12 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_spawn_failure_is_a_result(self):
         self.runner = self.make_runner(environ={"PATH": str(self.tmp / "no-bin")})
-        result = await self.runner.run(self.skill("outputs"), {"mode": "text"})
+        result = await self.runner.execute(self.skill("outputs"), {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertTrue(result.stderr.startswith("spawn failed: No such file or directory"), result.stderr)
         self.assertEqual(results.of_run(result), {"success": False, "error": result.stderr, "exit_code": 127})
         missing = replace(self.skill("outputs"), directory=self.tmp / "gone")
-        result = await self.make_runner().run(missing, {"mode": "text"})
+        result = await self.make_runner().execute(missing, {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertIn("spawn failed", result.stderr)
         self.assert_no_runs_left()
@@ -464,7 +465,7 @@ class RecoverTest(unittest.TestCase):
         tmp = tempfile.TemporaryDirectory(prefix="ias-recover-")
         self.addCleanup(tmp.cleanup)
         runs = Path(tmp.name)
-        pid, start = runner_module.identity()
+        pid, start = processes.identity()
         dead = runs / f"run-{pid}-{start + 1}-abc"           # same pid, another (gone) process
         live = runs / f"run-{pid}-{start}-def"
         old = runs / "run-k2j4h5g6"                          # no owner in its name
@@ -475,10 +476,10 @@ class RecoverTest(unittest.TestCase):
                                   start_new_session=True)
         self.addCleanup(orphan.wait)
         self.addCleanup(lambda: orphan.poll() is None and orphan.kill())
-        self.assertEqual(runner_module.recover(runs), 2)
+        self.assertEqual(processes.recover(runs), 2)
         self.assertEqual(orphan.wait(timeout=5), -signal.SIGKILL)
         self.assertEqual(os.listdir(runs), [live.name])
-        self.assertEqual(runner_module.recover(runs / "missing"), 0)
+        self.assertEqual(processes.recover(runs / "missing"), 0)
 
 
 if __name__ == "__main__":

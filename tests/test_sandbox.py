@@ -131,7 +131,7 @@ class ProbeTest(unittest.IsolatedAsyncioTestCase):
     async def probe(self, skill=None) -> dict:
         skill = skill or load_skill(PROBES / "probe_escape")
         params = probe_params(self.data_dir, self.key, REPO, self.server, self.marker, owner_file(self, self.marker))
-        result = await self.runner.run(skill, params)
+        result = await self.runner.execute(skill, params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         return json.loads(result.stdout)
 
@@ -147,7 +147,7 @@ class ProbeTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(os.listdir(self.runner.run_dir), [], "the run directory was left behind")
 
     async def test_a_declared_network_reaches_the_local_server(self):
-        result = await self.runner.run(load_skill(PROBES / "probe_network"), {"server_port": self.server.port})
+        result = await self.runner.execute(load_skill(PROBES / "probe_network"), {"server_port": self.server.port})
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(json.loads(result.stdout), {"success": True, "reply": "hi"})
 
@@ -163,7 +163,7 @@ class ProbeTest(unittest.IsolatedAsyncioTestCase):
                                 'echo no > "$G/in/data" 2>/dev/null || echo " read-only"; ls "$G"',
                         env=("G",), sandbox=Policy(read=(str(outside / "in"),), write=(str(outside / "out"),)))
         runner = make_runner(replace(self.config, environ={"PATH": os.environ["PATH"], "G": str(outside)}))
-        result = await runner.run(skill, {})
+        result = await runner.execute(skill, {})
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.stdout, "readable read-only\nin\nout\n")      # the granted dirs only, not `outside`'s
         self.assertEqual((outside / "out" / "file").read_text(), "written\n")
@@ -171,14 +171,14 @@ class ProbeTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_a_path_inside_the_data_directory_is_refused_at_run_time(self):
         skill = replace(load_skill(PROBES / "probe_escape"), sandbox=Policy(read=(str(self.data_dir),)))
-        result = await self.runner.run(skill, {})
+        result = await self.runner.execute(skill, {})
         self.assertEqual(result.exit_code, 127)
         self.assertIn("overlaps the data directory", result.stderr)
 
     async def test_unconfined_runs_as_the_daemons_user_outside(self):
         skill = replace(load_skill(PROBES / "probe_escape"), risk="high", execute="id -u; ls -d /work /root",
                         sandbox=Policy(unconfined=True))
-        result = await self.runner.run(skill, {})
+        result = await self.runner.execute(skill, {})
         self.assertEqual(result.stdout.split()[0], str(os.getuid()))
 
 

@@ -131,7 +131,7 @@ class _SkillRun:
     async def run_email(self, params: dict, environ: dict[str, str]) -> dict:
         params = schema.apply_defaults(params, SKILL.parameters)
         self.assertEqual(schema.validate(params, SKILL.parameters), [])
-        result = await self.runner(environ).run(SKILL, params)
+        result = await self.runner(environ).execute(SKILL, params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         self.assertEqual(result.stderr, "")
         llm = results.of_run(result)
@@ -410,7 +410,7 @@ class ReadTest(_SkillRun, unittest.IsolatedAsyncioTestCase):
         with IMAPServer() as imap:
             uid = imap.add(raw_8bit_attachment_message("清单.pdf", "utf-8", body=body))
             params = schema.apply_defaults({"action": "read", "uid": uid}, SKILL.parameters)
-            run = await self.runner(imap_env(imap)).run(SKILL, params)
+            run = await self.runner(imap_env(imap)).execute(SKILL, params)
         self.assertEqual(run.exit_code, 0, run.stderr)
         self.assertFalse(results.truncated(run))
         self.assertLessEqual(run.output_size, 64 * 1024)

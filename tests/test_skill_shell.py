@@ -36,7 +36,7 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         params = schema.apply_defaults({"command": command}, SKILL.parameters)
         self.assertEqual(schema.validate(params, SKILL.parameters), [])
         runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"], **environ})
-        result = await runner.run(SKILL, params)
+        result = await runner.execute(SKILL, params)
         self.assertEqual(result.exit_code, 0, result.stderr)
         llm = results.of_run(result)
         self.assertNotIn("output", llm)          # always one JSON object the runner passes through

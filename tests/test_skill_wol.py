@@ -61,7 +61,7 @@ class WakeOnLanTest(unittest.IsolatedAsyncioTestCase):
                 params = schema.apply_defaults({"mac": mac, "broadcast": "127.0.0.1", "port": receiver.port},
                                                SKILL.parameters)
                 self.assertEqual(schema.validate(params, SKILL.parameters), [])
-                result = results.of_run(await runner.run(SKILL, params))
+                result = results.of_run(await runner.execute(SKILL, params))
                 self.assertEqual(result, {"success": True, "mac": "a0:b1:c2:d3:e4:f5", "broadcast": "127.0.0.1",
                                           "port": receiver.port, "bytes": 102})
                 self.assertEqual(await asyncio.to_thread(receiver.datagrams, 5), [PACKET])

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from ias import limits
 from ias.channels.base import Inbound
-from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel, split_text
+from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel
 from ias.errors import ConfigError
 from ias.ilink import CHANNEL, Credentials, WeChatError
 from ias.wechat_login import credentials, login, logout, redirect_url, status
@@ -346,19 +346,6 @@ class SendTest(WeChatTestCase):
         self.assertFalse(await channel.send(self.server.owner, "被拒绝"))
         self.assertTrue(await channel.send(self.server.owner, "这次可以"))
 
-    async def test_long_text_is_split_on_lines(self):
-        channel = await self.channel()
-        await self.inbound()
-        lines = [f"第{i}行：" + "字" * 90 for i in range(100)]
-        text = "\n".join(lines)
-        self.assertTrue(await channel.send(self.server.owner, text))
-        parts = [m["item_list"][0]["text_item"]["text"] for m in self.server.sent]
-        self.assertGreater(len(parts), 1)
-        self.assertTrue(all(len(p) <= limits.WECHAT_TEXT_MAX for p in parts))
-        self.assertEqual("\n".join(parts), text)
-        self.assertEqual(split_text("x" * 9000), ["x" * 4000, "x" * 4000, "x" * 1000])
-        self.assertEqual(split_text("  \n "), [])
-
     async def test_no_send_outside_the_24_hour_window(self):
         channel = await self.channel()
         self.assertFalse(await channel.send(self.server.owner, "还没有人说过话"))
@@ -366,7 +353,7 @@ class SendTest(WeChatTestCase):
         self.clock.t += 22 * HOUR
         self.assertTrue(await channel.send(self.server.owner, "二十二小时后"))
         self.clock.t += 1 * HOUR + 1
-        with self.assertLogs("ias.channels.wechat", "WARNING"):
+        with self.assertLogs("ias.channels", "WARNING"):
             self.assertFalse(await channel.send(self.server.owner, "太晚了"))
         self.assertEqual(len(self.server.sent), 1)
 

@@ -4,6 +4,9 @@ stdin is read by a daemon thread, because asyncio's pipe reader would switch the
 non-blocking mode, which stdout shares; the thread hands each line to the event loop. Lines are
 read as bytes and decoded as UTF-8 with replacement characters, so invalid input (a stray
 byte, a cut multi-byte character) costs a character, never the console.
+
+It has no window and no budget (the `Channel` defaults): everything is printed at once. Not handled:
+several users, line editing, anything printed before a restart (not `resumable`).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import sys
 import threading
 from typing import TextIO
 
-from .base import Channel, Deliver, Inbound
+from .base import FAILED, SENT, Channel, Deliver, Inbound
 
 
 class ConsoleChannel(Channel):
@@ -63,13 +66,13 @@ class ConsoleChannel(Channel):
     async def stop(self) -> None:
         self.closed.set()
 
-    async def send(self, user_id: str, text: str) -> bool:
+    async def post(self, user_id: str, text: str, client_id: str) -> str:
         try:
             self.stdout.write(text.rstrip("\n") + "\n")
             self.stdout.flush()
         except (OSError, ValueError):
-            return False
-        return True
+            return FAILED
+        return SENT
 
 
 def _lines(stream: TextIO):

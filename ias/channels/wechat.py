@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -30,8 +29,7 @@ from .. import limits
 from ..errors import IasError, StoreError
 from ..ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
-from ..outbox import split_text
-from .base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound
+from .base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound, Window
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +60,6 @@ def _items(items: Any) -> tuple[str, bool]:
     return "\n".join(texts), other
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """A user's send window now: when it opened (their last message) and closes, messages left, whether
-    the window keeper already asked in it."""
-    opened: float | None
-    closes: float | None
-    left: int
-    asked: bool
-
-
 @dataclass(slots=True)
 class _Peer:
     """What the channel tracks per user; all but the locks is persisted under `peer:<id>`."""
@@ -87,8 +75,9 @@ class _Peer:
 class WeChatChannel(Channel):
     """The owner's personal WeChat, through the bot they bound with `ias wechat login`.
 
-    The send budget: at most WECHAT_SEND_BUDGET bot messages per owner message, the last of
-    which is always BUDGET_NOTE ("reply to continue"), so the owner learns why output stopped.
+    The send budget: at most WECHAT_SEND_BUDGET bot messages per owner message (`room`); when more
+    waits than fits, the last is BUDGET_NOTE ("reply to continue", the rule `base.budget`), so the
+    owner learns why output stopped.
     """
 
     name = CHANNEL
@@ -110,7 +99,7 @@ class WeChatChannel(Channel):
         self._on_stale = on_stale
         self._retry_delay = retry_delay
         self._backoff_delay = backoff_delay
-        self.window = window
+        self.span = window                  # the configured window length, seconds
         self.budget = budget
         self.send_timeout = send_timeout
         self._deliver: Deliver | None = None
@@ -306,18 +295,16 @@ class WeChatChannel(Channel):
                 "learned": peer.learned, "asked": peer.asked})
 
     def _window(self, peer: _Peer) -> float:
-        return min(self.window, peer.learned or self.window)
+        return min(self.span, peer.learned or self.span)
 
-    async def state(self, user_id: str) -> Window:
-        """The user's window now (for the outbox's window keeper)."""
+    async def window(self, user_id: str) -> Window:
         peer = await self._peer(user_id)
         if peer.last_inbound is None:
-            return Window(None, None, 0, False)
-        return Window(peer.last_inbound, peer.last_inbound + self._window(peer), max(0, self.budget - peer.sent),
-                      peer.asked == peer.last_inbound)
+            return Window(None, None, self.span, 0, False)
+        return Window(peer.last_inbound, peer.last_inbound + self._window(peer), self.span,
+                      max(0, self.budget - peer.sent), peer.asked == peer.last_inbound)
 
     async def mark_asked(self, user_id: str) -> None:
-        """The window keeper asked in the current window: not again in it."""
         peer = await self._peer(user_id)
         peer.asked = peer.last_inbound
         await self._save(user_id, peer)
@@ -352,47 +339,6 @@ class WeChatChannel(Channel):
                                 age / 3600, user_id, learned / 3600)
             await self._save(user_id, peer)
             return outcome
-
-    async def send(self, user_id: str, text: str) -> bool:
-        parts = split_text(text)
-        if not parts:
-            return False
-        if self.stale:
-            log.warning("WeChat: not sending to %s: the session expired (-14); log in again", user_id)
-            return False
-        peer = await self._peer(user_id)
-        async with peer.sending:
-            if peer.last_inbound is None:
-                log.warning("WeChat: not sending to %s: no message from them yet (iLink only lets a bot answer "
-                            "within 24 h of the user's last message)", user_id)
-                return False
-            age = self._now() - peer.last_inbound
-            if age > self._window(peer):
-                log.warning("WeChat: not sending to %s: their last message was %.1f h ago (iLink only lets a bot "
-                            "answer within 24 h); they have to write first", user_id, age / 3600)
-                return False
-            left = self.budget - peer.sent
-            if len(parts) >= left:
-                log.warning("WeChat: send budget spent for %s (%d messages since their last message): "
-                            "a %d-part text was not sent%s", user_id, peer.sent, len(parts),
-                            "; asked them to reply to continue" if left > 0 else "")
-                if left > 0:
-                    peer.sent = self.budget
-                    await self._post(user_id, BUDGET_NOTE, peer)
-                    await self._save(user_id, peer)
-                return False
-            ok = True
-            for part in parts:
-                peer.sent += 1
-                if not await self._post(user_id, part, peer):
-                    ok = False
-                    break
-            await self._save(user_id, peer)
-            return ok
-
-    async def _post(self, user_id: str, text: str, peer: _Peer) -> bool:
-        """One sendmessage request; True only when the service answered ret 0."""
-        return await self._request(user_id, text, peer, f"ias-{uuid.uuid4().hex}") == SENT
 
     async def _request(self, user_id: str, text: str, peer: _Peer, client_id: str) -> str:
         """One sendmessage request: SENT (ret 0), SHUT (ret -2 or -14), UNKNOWN (no answer within the send

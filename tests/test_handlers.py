@@ -1,21 +1,24 @@
 """Built-in skills (`## Builtin`): the task skills and find_skills run in-process, through the same gate,
 approval and audit; no database URL in any skill's environment and no process per call."""
 import asyncio
-import json
+import inspect
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
 import unittest
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from ias.cron import TZ
 from ias.errors import SkillError
+from ias.handlers import HANDLERS, Handlers
 from ias.registry import load_registry
-from ias.skills import load_skill
-from tests.support import CODE_LINE, REPO, GateTestCase
+from ias.skills import BUILTIN_NAMES, load_skill
+from tests.support import REPO, GateTestCase
 
 _spawned: list[str] = []
 _watching = False
@@ -167,9 +170,33 @@ class BuiltinSectionTest(unittest.TestCase):
         self.skill("find_skills", "## Execute\n```bash\necho mine\n```\n")
         registry = load_registry(REPO / "resources" / "skills", self.tmp)
         self.assertEqual(registry.problems, ())
-        self.assertEqual(registry.get("my_tasks").builtin, "tasks.list")
+        self.assertEqual((registry.get("my_tasks").kind, registry.get("my_tasks").builtin), ("builtin", "tasks.list"))
         mine = registry.get("find_skills")
-        self.assertEqual((mine.builtin, mine.execute, mine.overrides, mine.source), (None, "echo mine", True, "user"))
+        self.assertEqual((mine.kind, mine.builtin, mine.execute, mine.overrides, mine.source),
+                         ("script", None, "echo mine", True, "user"))
+
+    def test_a_kind_without_its_field_is_refused(self):
+        skill = load_skill(self.skill("mine", "## Builtin\ntasks.list\n"))
+        for kind, builtin in (("script", "tasks.list"), ("builtin", None), ("mcp", "tasks.list"), ("shell", None)):
+            with self.assertRaises(ValueError):
+                replace(skill, kind=kind, builtin=builtin)
+
+
+class VocabularyTest(unittest.TestCase):
+    def test_the_grammar_names_exactly_the_handlers(self):
+        self.assertEqual(set(HANDLERS), BUILTIN_NAMES)
+        for method in HANDLERS.values():
+            self.assertTrue(inspect.iscoroutinefunction(getattr(Handlers, method)), method)
+
+    def test_parsing_a_skill_imports_no_executor(self):
+        # The old circle: skills -> builtins -> registry/runner -> skills, hidden by a lazy import.
+        code = ("import sys; from pathlib import Path; import ias.skills as s; "
+                "s.load_skill(Path('resources/skills/find_skills')); "
+                "print(' '.join(sorted(m for m in sys.modules if m.startswith('ias.'))))")
+        loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+        modules = set(loaded.stdout.split())
+        self.assertIn("ias.skills", modules)
+        self.assertFalse(modules & {"ias.handlers", "ias.registry", "ias.runner", "ias.store"}, modules)
 
 
 if __name__ == "__main__":

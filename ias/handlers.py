@@ -1,10 +1,11 @@
-"""Built-in skills: in-process handlers named by a SKILL.md's `## Builtin` section.
+"""Built-in skills: the in-process handlers a SKILL.md's `## Builtin` section names.
 
 The spec (description, risk, parameters, timeout) still comes from SKILL.md, and the gate
-validates, approves and audits a built-in call exactly as a bash skill's; only the execution
-differs: `Builtins.run` calls a handler here instead of spawning a process, and hands the gate
-the same `RunResult` facts (stdout = the handler's JSON result). So no database URL reaches any
-skill's environment and no `ias` process starts per call.
+validates, approves and audits a built-in call exactly as a script skill's; only the execution
+differs: `Handlers.run` calls a handler here instead of spawning a process, and returns the
+same `Outcome` as every executor (no exit code: no process ran). So no database URL reaches
+any skill's environment and no `ias` process starts per call. The names a SKILL.md may use are
+the grammar's (`skills.BUILTIN_NAMES`); `HANDLERS` maps each to its method here.
 
 Not handled: a handler cannot be cancelled mid-statement by its timeout beyond what asyncio
 cancellation gives (a database statement in flight is abandoned, not rolled back twice).
@@ -14,22 +15,23 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
+from . import results
+from .cron import TZ, describe, parse_schedule
+from .errors import IasError
 from .limits import FIND_SKILLS_DEFAULT
+from .outcome import Outcome
+from .registry import Registry
+from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
+from .skills import Skill
+from .store import Store
 
-if TYPE_CHECKING:
-    from .runner import RunResult
-    from .registry import Registry
-    from .skills import Skill
-    from .store import Store
-
-# Handler name -> method of Builtins. skills.py checks `## Builtin` names against these keys
-# at load, without importing the store.
+# `## Builtin` name (skills.BUILTIN_NAMES) -> method of Handlers.
 HANDLERS = {"tasks.list": "tasks_list", "tasks.manage": "tasks_manage", "skills.find": "skills_find"}
 
 
-class Builtins:
+class Handlers:
     """The handlers, over the objects they need."""
 
     def __init__(self, store: Store, registry: Registry, rank: Callable[[str, int], list[str]]):
@@ -37,30 +39,27 @@ class Builtins:
         self.registry = registry
         self.rank = rank                  # (query, limit) -> skill names, best first
 
-    async def run(self, skill: Skill, params: dict, user_id: str) -> RunResult:
-        """Run the handler `skill.builtin` within the skill's timeout; facts as a run would give them."""
-        from .errors import IasError
-        from .runner import RunResult
+    async def run(self, skill: Skill, params: dict, user_id: str) -> Outcome:
+        """Run the handler `skill.builtin` within the skill's timeout."""
         handler: Callable[[dict, str], Awaitable[dict]] = getattr(self, HANDLERS[skill.builtin])
         started = time.monotonic()
-        stdout, stderr, code, timed_out = "", "", 0, False
         try:
             result = await asyncio.wait_for(handler(params, user_id), skill.timeout)
-            stdout = json.dumps(result, ensure_ascii=False)
         except TimeoutError:
-            timed_out, code = True, None
+            return Outcome(skill.name, results.timed_out(skill.name, skill.timeout),
+                           duration=time.monotonic() - started, timed_out=True)
         except IasError as exc:            # a store error: the call failed, the model hears why
-            stderr, code = str(exc), 1
-        return RunResult(skill=skill.name, exit_code=code, stdout=stdout, stderr=stderr, timed_out=timed_out,
-                         overflowed=False, timeout=skill.timeout, duration=time.monotonic() - started,
-                         output_size=len(stdout.encode("utf-8")), started_at=started)
+            return Outcome(skill.name, results.handler_failed(str(exc)), duration=time.monotonic() - started)
+        size = len(json.dumps(result, ensure_ascii=False).encode("utf-8"))
+        shown = results.of_handler(result)
+        return Outcome(skill.name, shown, duration=time.monotonic() - started, output_size=size,
+                       truncated=shown is not result)
 
     async def tasks_list(self, params: dict, user_id: str) -> dict:
         tasks = await self.store.tasks(include_disabled=bool(params.get("include_disabled")))
         return {"success": True, "tasks": [task_json(t, upcoming(t)[:1]) for t in tasks]}
 
     async def tasks_manage(self, params: dict, user_id: str) -> dict:
-        from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
         action = params["action"]
         try:
             if action == "add":
@@ -109,7 +108,6 @@ def one_line(text: str, limit: int = 160) -> str:
 
 def upcoming(task) -> list:
     """The task's next run and the two after it, in Beijing time; none when paused or done."""
-    from .cron import TZ, describe, parse_schedule
     if not task.enabled or task.next_run_at is None:
         return []
     first = task.next_run_at.astimezone(TZ)
