@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench check clean
+.PHONY: run test test-fast bench check clean
 
 # The pgserver wheel's PostgreSQL server, installed only when the system has no server binaries
 # (PATH, /usr/lib/postgresql/*/bin) and no database URL is set (in the variable named $(1), if any).
@@ -34,7 +34,14 @@ run: $(STAMP)
 test: $(STAMP)
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_TEST_DATABASE_URL)
-	$(PY) -m unittest discover -s tests -t .
+	IAS_TEST_FAST= $(PY) -m unittest discover -s tests -t .
+
+# The suite without the slow end-to-end and cluster tests (they skip themselves, naming this target), for
+# the edit-test loop; `make test` (and CI) run everything.
+test-fast: $(STAMP)
+	@$(ensure_bwrap)
+	@$(call ensure_server,IAS_TEST_DATABASE_URL)
+	IAS_TEST_FAST=1 $(PY) -m unittest discover -s tests -t .
 
 bench: $(STAMP)
 	@$(ensure_bwrap)

@@ -14,7 +14,8 @@ nothing but such a call of an offered tool becomes that call (`text_calls`, SPEC
 
 `openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
 an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
-needs them.
+needs them. The import (a second or more) runs in a worker thread, so the first turn does not
+hold up the channels and other turns on the event loop.
 """
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ class LLM:
                  retry_delays: tuple[float, ...] = LLM_RETRY_DELAYS, timeout: float = LLM_TIMEOUT):
         self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
         self._client = None
+        self._first = asyncio.Lock()        # one import and one client, however many turns start at once
         self.model = model
         self.retry_delays = retry_delays
         self.timeout = timeout          # seconds per attempt in all; the SDK's own timeout is per read
@@ -112,12 +114,19 @@ class LLM:
             self._client = openai.AsyncOpenAI(**self._settings)
         return self._client
 
+    async def _loaded_client(self):
+        """The SDK client; on first use `openai` is imported and the client made in a worker thread."""
+        async with self._first:
+            if self._client is None:
+                await asyncio.to_thread(lambda: self.client)
+        return self._client
+
     async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
         """One chat completion; transient failures are retried with backoff, then LLMError.
 
         Each attempt ends within `timeout` seconds, whatever the endpoint sends (or does not).
         """
-        client = self.client
+        client = await self._loaded_client()
         import openai
         for attempt in range(len(self.retry_delays) + 1):
             try:

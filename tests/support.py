@@ -2,12 +2,17 @@
 
 The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded cluster created
 on first use and removed at exit. No PostgreSQL is a failure, never a skip.
+
+The model in process is `ScriptedLLM`; the wire (the SDK, retries, deadlines, replies other
+servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: tests that run
+iAs as a process or a cluster of their own skip themselves (`slow`); `make test` and CI run all.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -31,6 +36,7 @@ from ias.app import App, build
 from ias.auditchain import AuditChain
 from ias.channels.base import FAILED, SENT, Channel
 from ias.config import Config
+from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
 from ias.store import Store
 
@@ -82,6 +88,37 @@ def fresh_schema_dsn() -> tuple[str, str]:
 def drop_schema(name: str) -> None:
     with psycopg.connect(server_dsn(), autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+FAST = os.environ.get("IAS_TEST_FAST", "") == "1"
+# Slow: runs iAs as a process of its own (daemon, command, helper) or a PostgreSQL cluster of its own.
+slow = unittest.skipIf(FAST, "runs iAs as a process or a cluster of its own: skipped by make test-fast (make test "
+                             "runs it)")
+
+# unittest's IsolatedAsyncioTestCase runs its loop in debug mode, which logs every step of a task over 0.1 s as
+# "Executing <Task …> took N seconds". Two kinds are not the daemon holding its loop, and are dropped:
+# - a test's own coroutine (test_*, asyncSetUp, asyncTearDown) blocking on purpose: `ias` run as a process,
+#   SQL through `sql()`, a FlakyStore losing its database, writing a few hundred skills;
+# - a step of the daemon's own tasks under SLOW_CALLBACK seconds: on a machine running other suites a
+#   10 ms step takes 0.2 s. A step over it (e.g. importing openai on the loop, 1-3 s) is still reported.
+# And "Close running child process: kill …": the runner, cancelled, sends SIGKILL to a skill's group and closes
+# its transport before the child is reaped (asyncio reaps it after); debug mode only.
+SLOW_CALLBACK = 0.5
+_TEST_STEP = re.compile(r"coro=<\w+\.(?:test_\w*|asyncSetUp|asyncTearDown)\(\)")
+
+
+class _DebugLoopNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Executing %s took %.3f seconds" and len(record.args) == 2:
+            handle, seconds = record.args
+            return seconds >= SLOW_CALLBACK and not _TEST_STEP.search(str(handle))
+        return not str(record.msg).startswith("Close running child process")
+
+
+logging.getLogger("asyncio").addFilter(_DebugLoopNoise())
+# psycopg logs "error ignored terminating <AsyncPipeline [BAD]>: the connection is lost" when a test cuts a
+# store's connections on purpose (FlakyStore.lose, a killed server); the store meets the loss as an error of its own.
+logging.getLogger("psycopg").addFilter(lambda record: not str(record.msg).startswith("error ignored terminating"))
 
 
 def test_chain(test: unittest.TestCase) -> AuditChain:
@@ -237,6 +274,14 @@ class GateTestCase(StoreTestCase):
         return app
 
     async def asyncTearDown(self) -> None:
+        # As the daemon stops (app.run): skills end, their calls record how they ended, turns still in flight
+        # (a console line answered late) are cancelled. Else they meet a dropped schema after the test and print
+        # "Task exception was never retrieved" and unclosed-connection warnings into a green run.
+        await self.app.runner.kill_all()
+        await self.app.gate.drain(5)
+        if self.app.router is not None:         # built without a model and channels: none
+            await self.app.router.cancel()
+            await self.app.gate.drain(5)
         await super().asyncTearDown()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -378,3 +423,64 @@ class FakeChannel(Channel):
                             return text
                     await self._arrived.wait()
         return await asyncio.wait_for(find(), timeout)
+
+
+class ScriptedLLM:
+    """The model in process (simonw/llm's MockModel): what `ias.llm.LLM` offers the agent, `complete(messages,
+    tools) -> Reply` and `close()`, answered from a script with no HTTP and no SDK.
+
+    A step is a Reply (`answer`, `ask`) or an exception to raise (e.g. `LLMError`, as after the endpoint's
+    retries). Each request is kept as the JSON body it would be on the wire (`bodies`; `requests` decoded), so
+    a test sees what the model was sent, not the agent's lists as they are later. A call past the script is
+    recorded in `problems` and raises AssertionError into the turn; `assert_complete()` fails on either.
+    Not the wire: retries, deadlines and calls written as text are tests/servers/llm.py's.
+    """
+    model = "test-model"
+
+    def __init__(self, *steps: Reply | Exception, repeat_last: bool = False):
+        self.steps = list(steps)
+        self.repeat_last = repeat_last          # the last step answers every later request
+        self.bodies: list[str] = []
+        self.problems: list[str] = []
+        self.closed = False
+
+    def script(self, *steps: Reply | Exception) -> None:
+        self.steps.extend(steps)
+
+    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        self.bodies.append(json.dumps({"model": self.model, "messages": messages, "tools": tools}, ensure_ascii=False))
+        await asyncio.sleep(0)                  # a request is a point where the turn can be cancelled
+        if self.closed or not self.steps:
+            self.problems.append("the model was called after close()" if self.closed
+                                 else "the model was called more often than scripted")
+            raise AssertionError(self.problems[-1])
+        step = self.steps[0] if (self.repeat_last and len(self.steps) == 1) else self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    async def close(self) -> None:
+        self.closed = True
+
+    @property
+    def requests(self) -> list[dict]:
+        """Every request as its decoded body: {"model", "messages", "tools"}."""
+        return [json.loads(body) for body in self.bodies]
+
+    def assert_complete(self) -> None:
+        """Fail if the model was called past its script, or scripted steps were never requested."""
+        if self.problems:
+            raise AssertionError("; ".join(self.problems))
+        if self.steps and not self.repeat_last:
+            raise AssertionError(f"{len(self.steps)} scripted model replies were never requested")
+
+
+def answer(content: str | None) -> Reply:
+    """A model reply with this text."""
+    return Reply(content, ())
+
+
+def ask(*calls: tuple[str, dict | str]) -> Reply:
+    """A model reply asking for `calls`, (name, arguments) pairs; arguments may be raw JSON text."""
+    return Reply(None, tuple(ToolCall(f"call_{i}", name, args if isinstance(args, str) else json.dumps(args))
+                             for i, (name, args) in enumerate(calls)))

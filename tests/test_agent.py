@@ -1,6 +1,9 @@
-"""The agent with the real `openai` client against a local OpenAI-compatible server."""
+"""The agent: with the model in process (`ScriptedLLM`) for what it does with answers, and with the real
+`openai` client against a local OpenAI-compatible server for what the wire brings (errors, stalls, drips,
+replies other servers really send)."""
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import time
@@ -11,11 +14,11 @@ from ias.agent import APOLOGY, HELP, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TI
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.limits import ARGUMENTS_MAX, AUDIT_VALUE_MAX, TOOL_CALLS_MAX
-from ias.llm import LLM, Reply, ToolCall
+from ias.llm import LLM, LLMError, Reply
 from ias.router import NOTHING_PENDING
 from tests.servers.llm import LLMServer, broken, calls, drip, error, raw, stall, text
 from tests.servers.qweather import KEY, QWeatherServer
-from tests.support import CODE_LINE, FIXTURES, REPO, FakeChannel, GateTestCase, capture_logs
+from tests.support import CODE_LINE, FIXTURES, REPO, FakeChannel, GateTestCase, ScriptedLLM, answer, ask, capture_logs
 
 FIXED_NOW = datetime(2026, 12, 2, 1, 30, tzinfo=timezone.utc)       # 09:30 Beijing, a Wednesday
 
@@ -43,28 +46,61 @@ class Screen:
 
 
 class AgentTestCase(GateTestCase):
+    """The agent over the shipped and fixture skills; its model `self.llm` is `self.model`, a ScriptedLLM
+    checked complete at the end."""
     system_skills = REPO / "resources" / "skills"
+
+    def model_for_test(self):
+        self.model = ScriptedLLM()
+        return self.model
 
     async def asyncSetUp(self):
         await super().asyncSetUp()
-        self.server = LLMServer().__enter__()
-        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
+        self.llm = self.model_for_test()
         self.use(self.build(llm=self.llm, now=lambda: FIXED_NOW))
 
     async def asyncTearDown(self):
         await self.llm.close()
-        await asyncio.to_thread(self.server.__exit__)
         await super().asyncTearDown()
+        self.model.assert_complete()
+
+    @property
+    def requests(self) -> list[dict]:
+        """Every request the model got, as its JSON body."""
+        return self.model.requests
 
     def tool_messages(self, request: int = -1) -> list[dict]:
-        return [m for m in self.server.requests[request]["messages"] if m["role"] == "tool"]
+        return [m for m in self.requests[request]["messages"] if m["role"] == "tool"]
+
+
+class WireTestCase(AgentTestCase):
+    """The agent with the real client (`self.llm`) against a local endpoint (`self.server`, also `self.model`):
+    scripted replies left unused, or problems of the endpoint's own, fail the test."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        importlib.import_module("openai")       # the first request's import is not part of a timed turn
+
+    def model_for_test(self):
+        self.server = self.model = LLMServer().start()
+        self.addCleanup(self.server.close)
+        return LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
+
+    async def asyncTearDown(self):
+        await super().asyncTearDown()
+        self.server.check()
+
+    @property
+    def requests(self) -> list[dict]:
+        return self.server.requests
 
 
 class ChatTest(AgentTestCase):
     async def test_plain_answer(self):
-        self.server.script(text("你好，主人。"))
+        self.model.script(answer("你好，主人。"))
         self.assertEqual(await self.agent.turn("owner", "你好", None), "你好，主人。")
-        [request] = self.server.requests
+        [request] = self.requests
         self.assertEqual(request["model"], "test-model")
         system = request["messages"][0]
         self.assertEqual(system["role"], "system")
@@ -72,33 +108,82 @@ class ChatTest(AgentTestCase):
         self.assertEqual(request["messages"][1:], [{"role": "user", "content": "你好"}])
         names = {t["function"]["name"] for t in request["tools"]}
         self.assertLessEqual({"get_current_datetime", "echo_low", "mark_high"}, names)
-        self.server.assert_complete()
 
     async def test_one_tool_call(self):
-        self.server.script(calls(("get_current_datetime", {"format": "date"})), text("今天是星期三。"))
+        self.model.script(ask(("get_current_datetime", {"format": "date"})), answer("今天是星期三。"))
         self.assertEqual(await self.agent.turn("owner", "今天星期几", None), "今天是星期三。")
         [tool] = self.tool_messages()
         result = json.loads(tool["content"])
         self.assertTrue(result["success"])
         self.assertRegex(result["datetime"], r"^\d{4}-\d\d-\d\d 星期.$")
-        assistant = self.server.requests[1]["messages"][-2]
+        assistant = self.requests[1]["messages"][-2]
         self.assertEqual(assistant["tool_calls"][0]["id"], tool["tool_call_id"])
-        self.server.assert_complete()
 
     async def test_two_tool_calls_in_one_response(self):
-        self.server.script(calls(("echo_low", {"text": "a"}), ("echo_low", {"text": "b"})), text("done"))
+        self.model.script(ask(("echo_low", {"text": "a"}), ("echo_low", {"text": "b"})), answer("done"))
         self.assertEqual(await self.agent.turn("owner", "echo twice", None), "done")
         self.assertEqual([json.loads(t["content"]) for t in self.tool_messages()],
                          [{"success": True, "output": "a"}, {"success": True, "output": "b"}])
 
     async def test_invalid_arguments_and_unknown_tool(self):
-        self.server.script(calls(("echo_low", {"text": 5}), ("echo_low", "{not json"), ("no_such_tool", {})),
-                           text("sorry"))
+        self.model.script(ask(("echo_low", {"text": 5}), ("echo_low", "{not json"), ("no_such_tool", {})),
+                          answer("sorry"))
         await self.agent.turn("owner", "x", None)
         results = [json.loads(t["content"]) for t in self.tool_messages()]
         self.assertTrue(results[0]["error"].startswith("参数错误：$.text: expected string"), results[0])
         self.assertTrue(results[1]["error"].startswith("参数错误：$: arguments are not valid JSON"), results[1])
         self.assertEqual(results[2], {"success": False, "error": "未知技能：no_such_tool"})
+
+    async def test_round_limit(self):
+        self.model.repeat_last = True       # the model asks for a tool call forever
+        self.model.script(ask(("echo_low", {"text": "again"})))
+        self.assertEqual(await self.agent.turn("owner", "loop", None), TOO_MANY_ROUNDS)
+        self.assertEqual(len(self.requests), 8)
+
+    async def test_a_failed_endpoint_gives_one_short_apology(self):
+        self.model.script(LLMError("LLM endpoint failed 3 times: InternalServerError"))
+        reply = await self.agent.turn("owner", "hi", None)
+        self.assertEqual(reply, APOLOGY)
+        self.assertNotIn("Error", reply)
+
+    async def test_history_across_turns_and_reset(self):
+        self.model.script(ask(("echo_low", {"text": "first"})), answer("one"), answer("two"), answer("three"))
+        await self.agent.turn("owner", "turn 1", None)
+        await self.agent.turn("owner", "turn 2", None)
+        second = self.requests[2]["messages"]
+        self.assertEqual([m["role"] for m in second], ["system", "user", "assistant", "tool", "assistant", "user"])
+        self.assertEqual(second[1]["content"], "turn 1")
+        self.assertEqual(second[4]["content"], "one")
+        self.assertEqual(await self.agent.turn("owner", "/reset", None), "对话记录已清空。")
+        await self.agent.turn("owner", "turn 3", None)
+        self.assertEqual([m["role"] for m in self.requests[3]["messages"]], ["system", "user"])
+        # Another user's history is separate.
+        self.assertEqual(await self.store.recent_messages("someone", 10), [])
+
+    async def test_window_never_starts_with_an_orphan_tool_result(self):
+        self.agent.window = 3
+        self.model.script(ask(("echo_low", {"text": "x"})), answer("one"), answer("two"))
+        await self.agent.turn("owner", "turn 1", None)     # user, assistant+call, tool, assistant
+        await self.agent.turn("owner", "turn 2", None)
+        roles = [m["role"] for m in self.requests[2]["messages"]]
+        self.assertEqual(roles, ["system", "user"])
+
+    async def test_commands_need_no_llm(self):
+        agent = self.build().agent
+        self.assertEqual(await agent.turn("owner", "/help", None), HELP)
+        self.assertIn("mark_high（高风险）", await agent.turn("owner", "/skills", None))
+        out = await agent.turn("owner", '/run echo_low {"text": "hey"}', None)
+        self.assertEqual(json.loads(out), {"success": True, "output": "hey"})
+        self.assertIn("未知命令：/nope", await agent.turn("owner", "/nope", None))
+        self.assertEqual(await agent.turn("owner", "hello", None), NO_LLM)
+        self.assertEqual(self.requests, [])
+
+    def test_system_prompt_time(self):
+        self.assertIn("2026-12-03 07:59", system_prompt(datetime(2026, 12, 2, 23, 59, tzinfo=timezone.utc)))
+
+
+class EndpointTest(WireTestCase):
+    """What the endpoint's failures cost a turn, through the real client."""
 
     async def test_500_then_200(self):
         self.server.script(error(500), text("recovered"))
@@ -118,77 +203,23 @@ class ChatTest(AgentTestCase):
         self.assertEqual(self.server.requests, [])
         await bad.close()
 
-    async def test_round_limit(self):
-        self.server.repeat_last = True      # the model asks for a tool call forever
-        self.server.script(calls(("echo_low", {"text": "again"})))
-        self.assertEqual(await self.agent.turn("owner", "loop", None), TOO_MANY_ROUNDS)
-        self.assertEqual(len(self.server.requests), 8)
-
-    async def test_history_across_turns_and_reset(self):
-        self.server.script(calls(("echo_low", {"text": "first"})), text("one"), text("two"), text("three"))
-        await self.agent.turn("owner", "turn 1", None)
-        await self.agent.turn("owner", "turn 2", None)
-        second = self.server.requests[2]["messages"]
-        self.assertEqual([m["role"] for m in second], ["system", "user", "assistant", "tool", "assistant", "user"])
-        self.assertEqual(second[1]["content"], "turn 1")
-        self.assertEqual(second[4]["content"], "one")
-        self.assertEqual(await self.agent.turn("owner", "/reset", None), "对话记录已清空。")
-        await self.agent.turn("owner", "turn 3", None)
-        self.assertEqual([m["role"] for m in self.server.requests[3]["messages"]], ["system", "user"])
-        # Another user's history is separate.
-        self.assertEqual(await self.store.recent_messages("someone", 10), [])
-
-    async def test_window_never_starts_with_an_orphan_tool_result(self):
-        self.agent.window = 3
-        self.server.script(calls(("echo_low", {"text": "x"})), text("one"), text("two"))
-        await self.agent.turn("owner", "turn 1", None)     # user, assistant+call, tool, assistant
-        await self.agent.turn("owner", "turn 2", None)
-        roles = [m["role"] for m in self.server.requests[2]["messages"]]
-        self.assertEqual(roles, ["system", "user"])
-
-    async def test_commands_need_no_llm(self):
-        agent = self.build().agent
-        self.assertEqual(await agent.turn("owner", "/help", None), HELP)
-        self.assertIn("mark_high（高风险）", await agent.turn("owner", "/skills", None))
-        out = await agent.turn("owner", '/run echo_low {"text": "hey"}', None)
-        self.assertEqual(json.loads(out), {"success": True, "output": "hey"})
-        self.assertIn("未知命令：/nope", await agent.turn("owner", "/nope", None))
-        self.assertEqual(await agent.turn("owner", "hello", None), NO_LLM)
-        self.assertEqual(self.server.requests, [])
-
-    def test_system_prompt_time(self):
-        self.assertIn("2026-12-03 07:59", system_prompt(datetime(2026, 12, 2, 23, 59, tzinfo=timezone.utc)))
-
-
-class ScriptedModel:
-    """The model in process (llm's MockModel): replies from a queue; each request kept as the JSON body
-    it would be on the wire, so a test can see what later requests carry."""
-
-    def __init__(self, *replies: Reply):
-        self.replies = list(replies)
-        self.bodies: list[str] = []
-
-    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
-        self.bodies.append(json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False))
-        return self.replies.pop(0)
-
-    def request(self, index: int) -> list[dict]:
-        return json.loads(self.bodies[index])["messages"]
-
-
-def ask(*calls: tuple[str, dict | str]) -> Reply:
-    """A model reply asking for `calls`, (name, arguments) pairs; arguments may be raw text."""
-    return Reply(None, tuple(ToolCall(f"call_{i}", name, args if isinstance(args, str) else json.dumps(args))
-                             for i, (name, args) in enumerate(calls)))
+    async def test_a_call_past_the_script_is_the_fakes_problem_not_a_traceback(self):
+        """The fake answers a request it has no step for with a 500 and lists it; leaving it fails the test."""
+        self.server.script(text("one"))
+        self.assertEqual(await self.agent.turn("owner", "first", None), "one")
+        self.assertEqual(await self.agent.turn("owner", "second", None), APOLOGY)
+        self.assertEqual(self.server.problems, ["AssertionError: the model was called more often than scripted"] * 3)
+        with self.assertRaisesRegex(AssertionError, "called more often than scripted"):
+            self.server.check()
+        self.server.problems.clear()
 
 
 class BoundsTest(AgentTestCase):
     """SPEC §6.11: what one model response may ask for, and what of it the audit log and history keep."""
 
-    def scripted(self, *replies: Reply) -> ScriptedModel:
-        model = ScriptedModel(*replies)
-        self.use(self.build(llm=model, now=lambda: FIXED_NOW))
-        return model
+    def scripted(self, *replies: Reply) -> ScriptedLLM:
+        self.model.script(*replies)
+        return self.model
 
     def audit_size(self) -> int:
         return self.sql("SELECT pg_total_relation_size('audit_log')")[0][0]
@@ -202,7 +233,7 @@ class BoundsTest(AgentTestCase):
         started = time.monotonic()
         self.assertEqual(await self.agent.turn("owner", "flood", None), "done")
         self.assertLess(time.monotonic() - started, 10.0)      # ~1 s on an idle machine; 10,000 runs took 42 s
-        tools = [m for m in model.request(1) if m["role"] == "tool"]
+        tools = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
         self.assertEqual(len(tools), 10_000)
         self.assertEqual([t["tool_call_id"] for t in tools], [f"call_{i}" for i in range(10_000)])
         self.assertEqual([json.loads(t["content"]) for t in tools[:TOOL_CALLS_MAX]],
@@ -214,7 +245,7 @@ class BoundsTest(AgentTestCase):
         self.assertEqual(decision, "too_many_calls")
         self.assertTrue(detail.startswith("9984 tool calls past the first 16"), detail)
         # The history keeps the refused calls' ids and names, not their arguments.
-        [assistant] = [m for m in model.request(1) if m.get("tool_calls")]
+        [assistant] = [m for m in model.requests[1]["messages"] if m.get("tool_calls")]
         self.assertEqual(len(assistant["tool_calls"]), 10_000)
         self.assertEqual({c["function"]["arguments"] for c in assistant["tool_calls"][TOOL_CALLS_MAX:]}, {"{}"})
         self.assertEqual(assistant["tool_calls"][15]["function"]["arguments"], json.dumps({"text": "15"}))
@@ -225,7 +256,7 @@ class BoundsTest(AgentTestCase):
                               Reply("next", ()))
         before = self.audit_size()
         self.assertEqual(await self.agent.turn("owner", "big", self.owner.notify), "ok")
-        self.assertEqual([json.loads(m["content"]) for m in model.request(1) if m["role"] == "tool"],
+        self.assertEqual([json.loads(m["content"]) for m in model.requests[1]["messages"] if m["role"] == "tool"],
                          [{"success": False, "error": "参数过长：echo_low"},
                           {"success": False, "error": "参数过长：mark_high"}])
         self.assertEqual(self.owner.messages, [])           # no approval asked
@@ -236,7 +267,7 @@ class BoundsTest(AgentTestCase):
         self.assertEqual(await self.agent.turn("owner", "and now?", None), "next")
         for body in model.bodies[1:]:
             self.assertLess(len(body), 64 * 1024)
-        [assistant] = [m for m in model.request(2) if m.get("tool_calls")]
+        [assistant] = [m for m in model.requests[2]["messages"] if m.get("tool_calls")]
         for call in assistant["tool_calls"]:
             self.assertEqual(json.loads(call["function"]["arguments"]),
                              {"_omitted": f"参数过长，未保存（{len(json.dumps({'text': huge}))} 字节）"}
@@ -249,7 +280,7 @@ class BoundsTest(AgentTestCase):
         model = self.scripted(ask(("echo_low", json.dumps({"text": "y" * pad})),
                                   ("echo_low", json.dumps({"text": "y" * (pad + 1)}))), Reply("ok", ()))
         await self.agent.turn("owner", "edge", None)
-        first, second = (json.loads(m["content"]) for m in model.request(1) if m["role"] == "tool")
+        first, second = (json.loads(m["content"]) for m in model.requests[1]["messages"] if m["role"] == "tool")
         self.assertTrue(first["success"], first)
         self.assertEqual(second, {"success": False, "error": "参数过长：echo_low"})
 
@@ -257,7 +288,7 @@ class BoundsTest(AgentTestCase):
         value = "日" * 1800 + "end"                         # 5,403 bytes of UTF-8
         model = self.scripted(ask(("echo_low", {"text": value})), Reply("ok", ()))
         await self.agent.turn("owner", "long", None)
-        [tool] = [m for m in model.request(1) if m["role"] == "tool"]
+        [tool] = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
         self.assertEqual(json.loads(tool["content"]), {"success": True, "output": value})   # the skill got it all
         [(_, _, params, _)] = self.events("skill_started")
         stored = params["text"]
@@ -273,6 +304,9 @@ class BoundsTest(AgentTestCase):
         self.assertEqual(json.loads(out), {"success": False, "error": "参数过长：echo_low"})
         self.assertEqual(self.events("skill_started"), [])
 
+
+
+class BoundsOverTheWireTest(WireTestCase):
     async def test_over_the_wire(self):
         """The real client: 20 calls in one response run 16; a 100 KiB argument is gone from the next request."""
         self.server.script(calls(*(("echo_low", {"text": str(i)}) for i in range(20)),
@@ -309,7 +343,7 @@ class ApprovalThroughConsoleTest(AgentTestCase):
     async def test_approved(self):
         """A full flow; the code is found only in the one message to the owner."""
         records = capture_logs(self)
-        self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "ok"})), text("已完成。"))
+        self.model.script(ask(("mark_high", {"marker": str(self.marker), "note": "ok"})), answer("已完成。"))
         self.type("请标记一下")
         await self.screen.wait_for("回复确认码以继续")
         code = self.screen.text.split("确认码：")[1][:6]
@@ -321,18 +355,18 @@ class ApprovalThroughConsoleTest(AgentTestCase):
         self.assertNotIn(code, audit)
         self.assertEqual(self.runs(), 1)
         self.assertEqual(json.loads(self.tool_messages()[0]["content"]), {"success": True, "note": "ok"})
-        for raw in self.server.raw:
-            self.assertNotIn(code.encode(), raw)
+        for body in self.model.bodies:
+            self.assertNotIn(code, body)
         history = json.dumps(await self.store.recent_messages("owner", 50), ensure_ascii=False)
         self.assertNotIn(code, history)
         # A code typed when nothing is pending never reaches the model.
-        requests = len(self.server.requests)
+        requests = len(self.requests)
         self.type(code)
         await self.screen.wait_for(NOTHING_PENDING)
-        self.assertEqual(len(self.server.requests), requests)
+        self.assertEqual(len(self.requests), requests)
 
     async def test_rejected(self):
-        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("好的，已取消。"))
+        self.model.script(ask(("mark_high", {"marker": str(self.marker)})), answer("好的，已取消。"))
         self.type("请标记一下")
         await self.screen.wait_for("回复确认码以继续")
         self.type("取消")
@@ -342,8 +376,8 @@ class ApprovalThroughConsoleTest(AgentTestCase):
                          json.dumps({"success": False, "error": "用户拒绝了你的调用：mark_high"}, ensure_ascii=False))
 
 
-class DeadlineTest(AgentTestCase):
-    """SPEC §15 "Deadlines": a stalled or dripping model costs the owner one line within the deadline."""
+class Turns:
+    """Helpers for turns timed against their deadline."""
 
     async def history(self) -> list[tuple[str, str | None]]:
         return [(m["role"], m.get("content")) for m in await self.store.recent_messages("owner", 50)]
@@ -353,6 +387,10 @@ class DeadlineTest(AgentTestCase):
         reply = await asyncio.wait_for(self.agent.turn("owner", text, self.owner.notify), 30)
         self.assertLess(time.monotonic() - started, limit)
         return reply
+
+
+class DeadlineTest(Turns, WireTestCase):
+    """SPEC §15 "Deadlines": a stalled or dripping model costs the owner one line within the deadline."""
 
     async def test_a_stalled_model_ends_the_turn_at_its_deadline_and_the_next_message_is_answered(self):
         self.agent.turn_timeout = 0.5       # the model request's own deadline (60 s) never comes
@@ -384,32 +422,6 @@ class DeadlineTest(AgentTestCase):
                 self.assertEqual(await self.agent.turn("owner", "记住这句话", None), reply)
                 self.assertEqual(await self.history(), [("user", "记住这句话"), ("assistant", reply)])
 
-    async def test_a_deadline_during_a_tool_call_leaves_a_valid_history(self):
-        """The turn ends while a skill runs: the call is answered as interrupted, so the next request is a
-        conversation the API accepts (every call has its result)."""
-        self.agent.turn_timeout = 1.0
-        pidfile = self.tmp / "sleepy.pid"
-        self.server.script(calls(("sleepy", {"pidfile": str(pidfile)})), text("继续。"))
-        self.assertEqual(await self.timed_turn("睡一会", 1.0 + 5.0), TURN_TIMEOUT_REPLY)
-        self.agent.turn_timeout = 30
-        self.assertEqual(await self.agent.turn("owner", "然后呢", None), "继续。")
-        messages = self.server.requests[1]["messages"]
-        self.assertEqual([m["role"] for m in messages], ["system", "user", "assistant", "tool", "assistant", "user"])
-        self.assertEqual(messages[3]["tool_call_id"], messages[2]["tool_calls"][0]["id"])
-        self.assertEqual(json.loads(messages[3]["content"]), {"success": False, "error": "技能执行被中断：sleepy"})
-        self.assertEqual(messages[4]["content"], TURN_TIMEOUT_REPLY)
-
-    async def test_the_wait_for_the_owners_code_is_not_counted(self):
-        self.agent.turn_timeout = 1.5
-        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("标好了。"))
-        turn = asyncio.create_task(self.agent.turn("owner", "请标记", self.owner.notify))
-        code = await self.owner.code()
-        await asyncio.sleep(2.0)            # the owner takes longer than the whole turn may
-        self.assertFalse(turn.done())
-        self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
-        self.assertEqual(await asyncio.wait_for(turn, 10), "标好了。")
-        self.assertEqual(self.runs(), 1)
-
     async def test_the_clock_runs_again_after_the_approval(self):
         self.agent.turn_timeout = 3.0
         self.server.script(calls(("mark_high", {"marker": str(self.marker)})), stall())
@@ -419,7 +431,37 @@ class DeadlineTest(AgentTestCase):
         self.assertEqual(self.runs(), 1)
 
 
-class CommandBehindAStallTest(AgentTestCase):
+class ToolDeadlineTest(Turns, AgentTestCase):
+    """The turn's deadline around skill calls and approvals."""
+
+    async def test_a_deadline_during_a_tool_call_leaves_a_valid_history(self):
+        """The turn ends while a skill runs: the call is answered as interrupted, so the next request is a
+        conversation the API accepts (every call has its result)."""
+        self.agent.turn_timeout = 1.0
+        pidfile = self.tmp / "sleepy.pid"
+        self.model.script(ask(("sleepy", {"pidfile": str(pidfile)})), answer("继续。"))
+        self.assertEqual(await self.timed_turn("睡一会", 1.0 + 5.0), TURN_TIMEOUT_REPLY)
+        self.agent.turn_timeout = 30
+        self.assertEqual(await self.agent.turn("owner", "然后呢", None), "继续。")
+        messages = self.requests[1]["messages"]
+        self.assertEqual([m["role"] for m in messages], ["system", "user", "assistant", "tool", "assistant", "user"])
+        self.assertEqual(messages[3]["tool_call_id"], messages[2]["tool_calls"][0]["id"])
+        self.assertEqual(json.loads(messages[3]["content"]), {"success": False, "error": "技能执行被中断：sleepy"})
+        self.assertEqual(messages[4]["content"], TURN_TIMEOUT_REPLY)
+
+    async def test_the_wait_for_the_owners_code_is_not_counted(self):
+        self.agent.turn_timeout = 1.5
+        self.model.script(ask(("mark_high", {"marker": str(self.marker)})), answer("标好了。"))
+        turn = asyncio.create_task(self.agent.turn("owner", "请标记", self.owner.notify))
+        code = await self.owner.code()
+        await asyncio.sleep(2.0)            # the owner takes longer than the whole turn may
+        self.assertFalse(turn.done())
+        self.assertEqual(await self.approvals.redeem("owner", code), "已确认，正在执行：mark_high")
+        self.assertEqual(await asyncio.wait_for(turn, 10), "标好了。")
+        self.assertEqual(self.runs(), 1)
+
+
+class CommandBehindAStallTest(WireTestCase):
     """/help behind a stalled model, through the router: it waits at most the turn's deadline."""
 
     async def test_help_waits_at_most_the_deadline(self):
@@ -440,7 +482,7 @@ class CommandBehindAStallTest(AgentTestCase):
 RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
 
 
-class RealModelHabitsTest(AgentTestCase):
+class RealModelHabitsTest(WireTestCase):
     """SPEC §15 "Real models' habits", with recorded replies of llama.cpp, Ollama and vLLM."""
 
     async def asyncSetUp(self):

@@ -19,8 +19,7 @@ from ias.approval import Approvals, TurnBudget, code_hash, escape_visible, load_
 from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent
-from tests.servers.llm import calls, text
-from tests.support import CODE_LINE, REPO, FakeClock, FakeOwner, GateTestCase, StoreTestCase, capture_logs
+from tests.support import CODE_LINE, REPO, FakeClock, FakeOwner, GateTestCase, StoreTestCase, answer, ask, capture_logs
 
 def unescape(shown: str) -> str:
     """Read an escaped text back, as an owner would: the test's proof that the escaping is unambiguous."""
@@ -531,11 +530,11 @@ RESULT_STRINGS = ("用户拒绝了你的调用：", "用户没有确认操作：
 
 
 class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
-    """Every request body the model endpoint receives during High calls, scanned for approval talk."""
+    """Every request body the model receives during High calls, scanned for approval talk."""
 
     def assertModelHeardNothing(self, codes: list[str]) -> None:
-        self.assertTrue(self.server.requests)
-        for request in self.server.requests:
+        self.assertTrue(self.requests)
+        for request in self.requests:
             body = json.dumps(request, ensure_ascii=False)
             for fixed in RESULT_STRINGS:
                 body = body.replace(fixed, "")
@@ -555,8 +554,8 @@ class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
 
     async def test_five_high_calls_in_one_reply(self):
         owner = ApprovingOwner(self.approvals)
-        self.server.script(calls(*[("mark_high", {"marker": str(self.marker), "note": f"n{i}"}) for i in range(5)]),
-                           text("好了。"))
+        self.model.script(ask(*[("mark_high", {"marker": str(self.marker), "note": f"n{i}"}) for i in range(5)]),
+                          answer("好了。"))
         self.assertEqual(await self.agent.turn("owner", "标记五次", owner.notify), "好了。")
         await asyncio.gather(*owner.answers)
         self.assertEqual((len(owner.messages), self.runs()), (3, 3))
@@ -564,7 +563,7 @@ class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
         self.assertEqual(results, [{"success": True, "note": f"n{i}"} for i in range(3)] + [TOO_MANY] * 2)
         self.assertModelHeardNothing(owner.codes)
         # The next owner message may ask again.
-        self.server.script(calls(("mark_high", {"marker": str(self.marker), "note": "again"})), text("又标记了。"))
+        self.model.script(ask(("mark_high", {"marker": str(self.marker), "note": "again"})), answer("又标记了。"))
         self.assertEqual(await self.agent.turn("owner", "再来一次", owner.notify), "又标记了。")
         self.assertEqual(self.runs(), 4)
         self.assertModelHeardNothing(owner.codes)
@@ -572,12 +571,12 @@ class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
     async def test_rejected_expired_and_too_long(self):
         self.approvals.timeout = 0.3
         canceller = ApprovingOwner(self.approvals, reply="0")
-        self.server.script(calls(("mark_high", {"marker": str(self.marker)}),
-                                 ("mark_high", {"marker": str(self.marker), "note": "z" * 5000})), text("没做。"))
+        self.model.script(ask(("mark_high", {"marker": str(self.marker)}),
+                              ("mark_high", {"marker": str(self.marker), "note": "z" * 5000})), answer("没做。"))
         await self.agent.turn("owner", "标记", canceller.notify)
         await asyncio.gather(*canceller.answers)
         silent = FakeOwner()
-        self.server.script(calls(("mark_high", {"marker": str(self.marker)})), text("没人回。"))
+        self.model.script(ask(("mark_high", {"marker": str(self.marker)})), answer("没人回。"))
         await self.agent.turn("owner", "标记", silent.notify)
         results = [json.loads(m["content"]) for m in self.tool_messages()]
         self.assertEqual(results, [REJECTED, TOO_LONG, EXPIRED])

@@ -25,7 +25,7 @@ from ias.approval import load_key
 from ias.auditchain import AuditChain, Head, Sealer, advance, mark, read_head, seal
 from ias.errors import StoreError
 from ias.store import AuditEntry, ChainRow, Store
-from tests.support import FIXTURES, REPO, StoreTestCase, drop_schema, fresh_schema_dsn, test_chain
+from tests.support import FIXTURES, REPO, StoreTestCase, drop_schema, fresh_schema_dsn, slow, test_chain
 
 # The rule the database used before the keyed chain (migration 1's audit_digest), which an
 # attacker can always recreate: any SHA-256 chain is computable without a key.
@@ -478,6 +478,7 @@ class PruneTest(ChainTestCase):
         self.assertTrue((await self.check()).intact)
 
 
+@slow
 class CommandTest(unittest.IsolatedAsyncioTestCase):
     """`ias run` writes keyed rows; `ias audit --verify` (a real process) finds the attacks."""
 
@@ -562,6 +563,7 @@ if __name__ == "__main__":
     unittest.main()
 
 
+@slow
 class InHelpers:
     """The same checks with the log cut into three spans, the last two walked by helper processes (as a
     long log is on a machine with several CPUs): every break is found across the span boundaries too."""

@@ -13,7 +13,7 @@ import time
 import unittest
 from pathlib import Path
 
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, slow
 
 
 def constructed(path: Path) -> set[str]:
@@ -37,6 +37,7 @@ class BuildsNothingTest(unittest.TestCase):
                 self.assertEqual(constructed(REPO / "ias" / f"{name}.py") & built, set())
 
 
+@slow
 class CliTestCase(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()

@@ -21,7 +21,7 @@ from ias.processes import identity
 from ias.store import AuditEntry
 from ias.unwritten import End
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, skill_pgid, with_env
+from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, skill_pgid, slow, with_env
 from tests.test_runner import running
 
 
@@ -102,6 +102,7 @@ sys.exit(asyncio.run(daemon.run_daemon(config.load(), db_lost_limit=float(sys.ar
 """
 
 
+@slow
 class DaemonTestCase(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()

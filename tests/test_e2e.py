@@ -31,6 +31,7 @@ from tests.e2e_support import (
     wait_until,
 )
 from tests.servers.llm import LLMServer, calls, text
+from tests.support import slow
 
 DB_LOST_LIMIT = 60.0        # seconds a daemon may take to answer again after its database died (SPEC §4)
 EXIT_MARGIN = 15.0          # seconds more for it to exit non-zero instead ("about a minute")
@@ -51,6 +52,7 @@ def hold_args(pidfile, until=None) -> str:
     return json.dumps({"pidfile": str(pidfile), **({"until": str(until)} if until else {})})
 
 
+@slow
 class E2ETestCase(unittest.TestCase):
     """One fresh copy per class; every test starts and ends with nothing of it running."""
     copy: Copy

@@ -1,12 +1,16 @@
 """The model endpoint on the wire: total deadlines, replies that are not completions, calls written as text."""
 import asyncio
+import importlib
 import json
+import socket
+import subprocess
+import sys
 import time
 import unittest
 
 from ias.llm import LLM, LLMError, Reply, ToolCall, text_calls
 from tests.servers.llm import LLMServer, broken, drip, raw, stall, text
-from tests.support import FIXTURES
+from tests.support import FIXTURES, REPO
 
 RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
 WEATHER = {"type": "function", "function": {"name": "query_weather", "description": "实时天气",
@@ -17,6 +21,10 @@ ECHO = {"type": "function", "function": {"name": "echo_low", "description": "ech
 
 class WireTestCase(unittest.IsolatedAsyncioTestCase):
     timeout = 0.4                   # IAS_LLM_TIMEOUT, small
+
+    @classmethod
+    def setUpClass(cls):
+        importlib.import_module("openai")       # the first request's import is not part of any timed attempt
 
     async def asyncSetUp(self):
         self.server = LLMServer().__enter__()
@@ -30,6 +38,75 @@ class WireTestCase(unittest.IsolatedAsyncioTestCase):
         """One request; `limit` only keeps a hung client from hanging the suite."""
         return await asyncio.wait_for(self.llm.complete([{"role": "user", "content": "北京天气怎么样"}], list(tools)),
                                       limit)
+
+
+# A fresh interpreter: which thread imports `openai`, and what the debug loop reports as slow (over 0.5 s).
+FIRST_REQUEST = """
+import asyncio, json, logging, sys, threading
+from ias.llm import LLM
+from tests.servers.llm import LLMServer, text
+
+importers = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "openai":
+            importers.append(threading.current_thread().name)
+sys.meta_path.insert(0, Watch())
+slow = []
+handler = logging.Handler()
+handler.emit = lambda record: slow.append(record.getMessage()[:60]) if "took" in record.getMessage() else None
+logging.getLogger("asyncio").addHandler(handler)
+
+async def main():
+    asyncio.get_running_loop().slow_callback_duration = 0.5
+    with LLMServer([text("ok")]) as server:
+        llm = LLM("sk-test", server.base_url, "test-model")
+        reply = await llm.complete([{"role": "user", "content": "hi"}], [])
+        await llm.close()
+    return reply.content
+
+print(json.dumps({"reply": asyncio.run(main(), debug=True), "importers": importers, "slow": slow}))
+"""
+
+
+class FirstRequestTest(unittest.TestCase):
+    def test_openai_is_imported_off_the_event_loop(self):
+        """The first request imports the SDK (a second or more) in a worker thread: the loop is never held."""
+        done = subprocess.run([sys.executable, "-c", FIRST_REQUEST], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        found = json.loads(done.stdout)
+        self.assertEqual(found["reply"], "ok")
+        self.assertTrue(found["importers"], found)
+        self.assertNotIn("MainThread", found["importers"])
+        self.assertEqual(found["slow"], [])
+
+
+class FakeTest(unittest.TestCase):
+    """The fake endpoint keeps its own troubles instead of printing tracebacks into a green run."""
+
+    def test_a_client_hanging_up_mid_request_is_counted_not_a_problem(self):
+        """A daemon stopped during a turn cuts its request short (five tracebacks in a green run before)."""
+        with LLMServer() as server:
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"model\":")
+                sock.shutdown(socket.SHUT_WR)
+                self.assertEqual(sock.recv(100), b"")           # no answer: the connection is closed
+            self.assertEqual((server.hangups, server.problems, server.requests), (1, [], []))
+
+    def test_a_request_past_the_script_is_a_500_and_fails_the_test_using_it(self):
+        with self.assertRaisesRegex(AssertionError, "called more often than scripted"):
+            with LLMServer() as server:
+                async def request():
+                    llm = LLM("sk-test", server.base_url, "test-model", retry_delays=())
+                    try:
+                        await llm.complete([], [])
+                    finally:
+                        await llm.close()
+                with self.assertRaisesRegex(LLMError, "InternalServerError"):
+                    asyncio.run(request())
+        self.assertEqual(server.problems, ["AssertionError: the model was called more often than scripted"])
 
 
 class DeadlineTest(WireTestCase):

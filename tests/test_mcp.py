@@ -21,7 +21,7 @@ from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_nam
 from ias.skills import McpServer, parse_skill
 from ias.supervisor import Supervisor
 from tests.support import (FIXTURES, REPO, GateTestCase, capture_logs, drop_schema, fixture_copy, fresh_schema_dsn,
-                           granted, until, with_env)
+                           granted, slow, until, with_env)
 
 
 
@@ -496,6 +496,7 @@ class ResultTest(unittest.TestCase):
         self.assertEqual(results.of_mcp("s", huge), {"success": True, "output": "", "truncated": True})
 
 
+@slow
 class CliTest(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()

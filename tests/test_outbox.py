@@ -24,7 +24,7 @@ from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
 from tests.servers.mail import SMTPServer
 from tests.servers.webhook import WebhookServer, WeComServer
-from tests.support import REPO, FakeChannel, FakeClock, GateTestCase, capture_logs, until
+from tests.support import REPO, FakeChannel, FakeClock, GateTestCase, capture_logs, slow, until
 
 KEEPER = "回复任意内容，微信才允许我按时发送。"
 DAY1 = datetime(2026, 3, 2, 5, 0, tzinfo=TZ)        # a Monday, Beijing time
@@ -382,6 +382,7 @@ class RateLimitTest(OutboxTestCase):
         self.assertEqual(self.ilink.sent[-1]["client_id"], self.ilink.sent[-2]["client_id"])
 
 
+@slow
 class CommandTest(OutboxTestCase):
     async def test_outbox_and_tasks_list_show_what_waits_and_how_tasks_were_delivered(self):
         task = await add_task(self.store, "owner", "喝水", "0 7 * * *", "reminder", "该喝水了", now=DAY1)

@@ -22,7 +22,7 @@ from ias.config import Config
 from ias.errors import ClusterError, IasError
 from ias.locks import FileLock
 from ias.pgcluster import Cluster, find_bindir, wheel_bindir
-from tests.support import REPO
+from tests.support import REPO, slow
 
 # One iAs-like user of the cluster: start (or join) it, query, say "up", wait for a line, stop using it.
 USER = """
@@ -80,6 +80,7 @@ class CountingCluster(Cluster):
         return super()._run(*args, **options)
 
 
+@slow
 class ClusterCase(unittest.TestCase):
     """A fresh data directory per test, and iAs-like processes that use it."""
 

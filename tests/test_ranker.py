@@ -19,7 +19,7 @@ from ias.ranker import Catalog, tokens
 from ias.registry import load_registry
 from tests import skillset
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import REPO, StoreTestCase, capture_logs, drop_schema, fresh_schema_dsn
+from tests.support import REPO, StoreTestCase, capture_logs, drop_schema, fresh_schema_dsn, slow
 
 SYSTEM = REPO / "resources" / "skills"
 REQUEST_MAX = 16 * 1024
@@ -176,6 +176,7 @@ def ias(*args: str, env: dict) -> subprocess.CompletedProcess:
                           env={**environ, **env}, timeout=120)
 
 
+@slow
 class CommandsTest(unittest.TestCase):
     """`skills check` and `doctor` warn when the skills exceed one request; `skills` lists from a cache."""
 

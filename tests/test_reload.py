@@ -10,10 +10,8 @@ from pathlib import Path
 
 from ias.daemon import watch_skills
 from ias.changes import ADDED, LOWERED, MODIFIED, Change
-from ias.llm import LLM
 from ias.registry import load_registry
-from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, FakeChannel, GateTestCase, capture_logs, granted
+from tests.support import FIXTURES, FakeChannel, GateTestCase, ScriptedLLM, answer, ask, capture_logs, granted
 from tests.test_daemon import DaemonTestCase, Lines
 
 SKILL = """# {title}
@@ -181,33 +179,30 @@ class DaemonReloadTest(GateTestCase):
         shutil.copytree(FIXTURES / "gate", self.user_dir, dirs_exist_ok=True)
         self.user_skills = self.user_dir
         await super().asyncSetUp()
-        self.server = LLMServer().__enter__()
-        self.llm = LLM("sk-test", self.server.base_url, "test-model", retry_delays=(0.01,))
-        self.use(self.build(llm=self.llm))
+        self.model = ScriptedLLM()
+        self.use(self.build(llm=self.model))
 
     async def asyncTearDown(self):
-        await self.llm.close()
-        await asyncio.to_thread(self.server.__exit__)
         await super().asyncTearDown()
         shutil.rmtree(self.user_dir, ignore_errors=True)
+        self.model.assert_complete()
 
     def offered(self, request: int) -> list[str]:
-        return [t["function"]["name"] for t in self.server.requests[request]["tools"]]
+        return [t["function"]["name"] for t in self.model.requests[request]["tools"]]
 
     async def test_a_skill_added_while_running_is_used_on_the_next_turn_and_a_broken_edit_keeps_it(self):
-        self.server.script(text("一"), calls(("greet", {})), text("二"), calls(("greet", {})), text("三"))
+        self.model.script(answer("一"), ask(("greet", {})), answer("二"), ask(("greet", {})), answer("三"))
         await self.agent.turn("owner", "你好", None)
         self.assertNotIn("greet", self.offered(0))
         write(self.user_dir, "greet", script="echo hi from greet")
         self.assertEqual(await self.agent.turn("owner", "打个招呼", None), "二")
         self.assertIn("greet", self.offered(1))
-        self.assertEqual(json.loads(self.server.requests[2]["messages"][-1]["content"]),
+        self.assertEqual(json.loads(self.model.requests[2]["messages"][-1]["content"]),
                          {"success": True, "output": "hi from greet\n"})
         write(self.user_dir, "greet", script="echo broken", broken=True)
         self.assertEqual(await self.agent.turn("owner", "再打个招呼", None), "三")
-        self.assertEqual(json.loads(self.server.requests[4]["messages"][-1]["content"]),
+        self.assertEqual(json.loads(self.model.requests[4]["messages"][-1]["content"]),
                          {"success": True, "output": "hi from greet\n"})
-        self.server.assert_complete()
 
     async def test_a_pending_approval_keeps_the_version_it_was_asked_for(self):
         grant = f"- write: {self.marker.parent}"       # GRANTS, where the marker is

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ias.pgcluster import PORT
 from tests.e2e_support import Copy, EchoLLM, llm_env
-from tests.support import FIXTURES, with_env
+from tests.support import FIXTURES, slow, with_env
 from tests.test_sandbox import LocalServer, assert_contained
 
 PROBES = FIXTURES / "sandbox"
@@ -90,6 +90,7 @@ def as_nobody(copy: Copy) -> list[str]:
             str(blocked), *drop]
 
 
+@slow
 class ProbeEndToEnd:
     """The probe through every entry point; the subclasses choose who runs iAs."""
     copy: Copy

@@ -13,7 +13,7 @@ from ias.llm import LLM
 from ias.scheduler import Scheduler, TaskError, add_task, keeper_ask, set_enabled, update_task, when_text
 from ias.store import Store, Task
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import CODE_LINE, REPO, FakeChannel, FakeClock, GateTestCase, StoreTestCase
+from tests.support import CODE_LINE, REPO, FakeChannel, FakeClock, GateTestCase, StoreTestCase, slow
 
 T0 = datetime(2026, 12, 2, 7, 0, tzinfo=TZ)          # a Wednesday morning, Beijing time
 
@@ -304,6 +304,7 @@ class TaskThroughAgentTest(GateTestCase):
         self.assertEqual(result, {"success": False, "error": "pause needs the task id (see list_scheduled_tasks)"})
 
 
+@slow
 class TasksCliTest(StoreTestCase):
     def ias(self, *args):
         env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent"}

@@ -18,7 +18,7 @@ from ias.limits import SKILL_FILE_MAX
 from ias.registry import load_registry
 from ias.skills import load_skill, parse_skill
 from tests.servers.llm import LLMServer, calls, text
-from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn
+from tests.support import FIXTURES, REPO, GateTestCase, drop_schema, fresh_schema_dsn, slow
 
 HOSTILE = FIXTURES / "hostile"
 # Every broken SKILL.md under tests/fixtures/hostile, with the line and message it must get.
@@ -372,6 +372,7 @@ class CompiledAtLoadTest(GateTestCase):
         self.assertEqual(problems(text), ["/skills/echo/SKILL.md:10: $.properties.text.minLength: must be a non-negative integer"])
 
 
+@slow
 class CliTest(unittest.TestCase):
     def test_shipped_skills_check_clean(self):
         result = ias("skills", "check", env={"IAS_SKILLS_DIR": str(REPO / "skills")})

@@ -22,7 +22,7 @@ from ias.scheduler import prune_daily
 from ias.store import TOO_DEEP, Approval, AuditEntry, Store, storable
 from tests.servers.llm import calls, text
 from tests.support import REPO, FakeOwner, GateTestCase, StoreTestCase
-from tests.test_agent import AgentTestCase
+from tests.test_agent import WireTestCase
 
 NUL = "a\x00b"
 SURROGATE = "c\ud800d"                    # as from the JSON text "c\ud800d"
@@ -447,8 +447,9 @@ class SkillOutputTest(GateTestCase):
         self.assertEqual(events, ["skill_started", "skill_finished"])
 
 
-class TurnTest(AgentTestCase):
-    """Whole turns whose tool arguments, tool output and model reply hold unstorable values."""
+class TurnTest(WireTestCase):
+    """Whole turns whose tool arguments, tool output and model reply hold unstorable values (as the wire brings
+    them: lone surrogates in JSON escapes)."""
 
     async def test_the_turn_is_kept_and_the_owner_answered(self):
         owner = FakeOwner()

@@ -20,7 +20,7 @@ from ias.monitor import DatabaseMonitor
 from ias.router import HELD
 from tests.servers.ilink import ILinkServer
 from tests.servers.llm import LLMServer, calls, stall, text
-from tests.support import FIXTURES, REPO, FlakyStore, GateTestCase, drop_schema, fresh_schema_dsn, granted, until
+from tests.support import FIXTURES, REPO, FlakyStore, GateTestCase, drop_schema, fresh_schema_dsn, granted, slow, until
 
 
 class WeChatTurnTest(GateTestCase):
@@ -122,6 +122,7 @@ class WeChatOutageTest(GateTestCase):
         self.assertEqual(self.gone, [])
 
 
+@slow
 class WeChatDaemonRestartTest(unittest.TestCase):
     def setUp(self):
         self.dsn, self.schema_name = fresh_schema_dsn()

@@ -6,6 +6,11 @@ that sends its reply a byte at a time without end (`drip`), a 200 whose body is 
 (`broken`), or any body as given (`raw`, e.g. a recorded reply of llama.cpp's server). Every
 request body is recorded, so tests can check what the model was sent.
 `assert_complete()` fails when scripted steps were left unused.
+
+The fake's own errors (called more often than scripted, a step it cannot serve) are answered with a
+500 and listed in `problems`, never printed from the handler thread; leaving the `with` block (or
+`check()`) fails the test when any were met. A client that hangs up mid-request or mid-reply is
+not a problem (`hangups` counts the requests cut short).
 """
 from __future__ import annotations
 
@@ -63,6 +68,8 @@ class LLMServer(JSONServer):
         self._lock = threading.Lock()
         self._calls = 0
         self.refused = 0                    # requests refused for their tools
+        self.problems: list[str] = []       # the fake's own errors, answered with a 500
+        self.hangups = 0                    # requests whose client went away before sending all of the body
         self.released = threading.Event()   # set on close: stalled and dripping requests end
         server = self
 
@@ -77,7 +84,27 @@ class LLMServer(JSONServer):
                     self.send_json(404, {"error": {"message": "not found"}})
 
             def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    self.answer()
+                except (BrokenPipeError, ConnectionResetError):      # the client went away (killed, or gave up)
+                    self.close_connection = True
+                except Exception as exc:
+                    with server._lock:
+                        server.problems.append(f"{type(exc).__name__}: {exc}")
+                    try:
+                        self.send_json(500, {"error": {"message": f"the test's model failed: {exc}",
+                                                       "type": "server_error"}})
+                    except OSError:
+                        self.close_connection = True
+
+            def answer(self):
+                length = int(self.headers.get("Content-Length", 0))
+                raw = self.rfile.read(length)
+                if len(raw) < length:           # the client hung up mid-request (e.g. a daemon stopped in a turn)
+                    with server._lock:
+                        server.hangups += 1
+                    self.close_connection = True
+                    return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self.send_json(404, {"error": {"message": "not found"}})
                 if self.headers.get("Authorization", "") != "Bearer sk-test":
@@ -129,6 +156,17 @@ class LLMServer(JSONServer):
     def close(self) -> None:
         self.released.set()
         super().close()
+
+    def check(self) -> None:
+        """Fail if the fake met errors of its own (e.g. more requests than scripted)."""
+        with self._lock:
+            if self.problems:
+                raise AssertionError("the test's model server: " + "; ".join(self.problems))
+
+    def __exit__(self, exc_type=None, *exc) -> None:
+        self.close()
+        if exc_type is None:
+            self.check()
 
     def _next(self, raw: bytes) -> dict:
         with self._lock:
