@@ -570,7 +570,7 @@ async def _opened_and_closed(store_class, dsn: str, chain) -> None:
 
 
 def _all_tools_bytes(root: Path) -> int:
-    from ias.ranker import Catalog
+    from ias.catalog import Catalog
     _, size = Catalog(load_registry(REPO / "resources/skills", root), 128, 1 << 30).totals()
     return size
 

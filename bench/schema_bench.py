@@ -1,4 +1,4 @@
-"""Validator throughput of ias.schema against the jsonschema package, on skill-like schemas;
+"""Validator throughput of ias.jsonschema against the jsonschema package, on skill-like schemas;
 and the slowest validation of an accepted `pattern` found against adversarial strings."""
 import os
 import random
@@ -7,8 +7,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ias import schema as ias_schema  # noqa: E402
-from ias.patterns import pattern_input_max  # noqa: E402
+from ias import jsonschema as ias_schema  # noqa: E402
+from ias.jsonschema.patterns import pattern_input_max  # noqa: E402
 
 # (schema, instances): realistic skill parameters, valid and invalid instances mixed.
 CASES = [
@@ -165,7 +165,7 @@ def worst_pattern(random_patterns: int = 400, seed: int = 7) -> dict:
 
 
 def main() -> dict:
-    """Measure and print validations/s for ias.schema and jsonschema; return the figures."""
+    """Measure and print validations/s for ias.jsonschema and jsonschema; return the figures."""
     worst = worst_pattern()
     print(f"patterns: {worst['accepted']} accepted, {worst['refused']} refused; slowest validation "
           f"{worst['ms']:.1f} ms: {worst['pattern']!r} against {worst['input']}")
@@ -189,7 +189,7 @@ def main() -> dict:
     # so every instance here that fails a format is also invalid for another reason).
     for (v, inst), (jv, _) in zip(compiled, theirs):
         if (not v(inst)) != jv.is_valid(inst):
-            raise RuntimeError(f"ias.schema and jsonschema disagree on {inst!r}")
+            raise RuntimeError(f"ias.jsonschema and the jsonschema package disagree on {inst!r}")
     timers["jsonschema"] = _timer(lambda v, inst: v.is_valid(inst), theirs)
     result.update(_rates(timers))
     result["ratio"] = result["validator"] / result["jsonschema"]

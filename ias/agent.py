@@ -1,6 +1,6 @@
 """The agent: one conversation turn — slash commands, or the model with the skills as tools.
 
-The tools of each model call come from the catalog (ranker.py): every skill while they fit
+The tools of each model call come from the catalog (catalog.py): every skill while they fit
 IAS_MAX_TOOLS/IAS_TOOLS_BYTES, else a choice for the conversation; a skill that `find_skills`
 names is offered from the next model call of the same turn. The registry is reloaded (a stat
 scan) before each turn, so an added or fixed skill is used without a restart.
@@ -31,7 +31,7 @@ from .approval import Notify, TurnBudget
 from .clock import SYSTEM, TZ
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
-from .ranker import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
+from .catalog import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
 from .registry import Registry
 from .store import AuditEntry, Store
 

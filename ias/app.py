@@ -26,7 +26,7 @@ from .monitor import DatabaseMonitor
 from .notifiers import Fallback, configured
 from .outbox import Outbox
 from .pgcluster import Cluster
-from .ranker import Catalog
+from .catalog import Catalog
 from .router import Router
 from .runner import Runner
 from .mcp import Servers

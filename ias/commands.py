@@ -99,7 +99,7 @@ async def _check_servers(config, reg) -> list[str]:
 
 
 async def cmd_run(config, name: str, params_text: str) -> int:
-    from . import schema
+    from . import jsonschema as schema
     from .app import build, open_store
     from .oneoff import owner_approvals
     try:

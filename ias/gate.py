@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import results, schema
+from . import jsonschema as schema, results
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN

@@ -27,7 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from . import jsonvalues
+from .jsonschema import values as jsonvalues
 from .errors import IasError
 from .limits import LLM_RETRY_DELAYS, LLM_TIMEOUT
 

@@ -221,7 +221,7 @@ def _lazy(parameters: dict) -> Callable[[object], list[str]]:
     def validate(instance: object) -> list[str]:
         nonlocal compiled
         if compiled is None:
-            from . import schema
+            from . import jsonschema as schema
             compiled = schema.compile(parameters)
         return compiled(instance)
     return validate
@@ -385,7 +385,7 @@ def _digest(tool: dict) -> str:
 
 def _compile(given: dict, budget: int) -> _Compiled:
     """`given` relaxed and compiled within `budget` schema nodes (at most SCHEMA_NODES_MAX)."""
-    from . import schema
+    from . import jsonschema as schema
     if budget <= 0:
         return _Compiled(0, too_large=True)
     nodes = [budget]

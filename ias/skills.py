@@ -218,7 +218,7 @@ def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], w
 
 def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServer:
     """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found."""
-    from . import schema   # imported here so `skills` listing stays cheap when nothing is parsed
+    from . import jsonschema as schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
     where = str(path)
     problems: list[str] = []

@@ -7,7 +7,7 @@ import unittest
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ias import schema
+from ias import jsonschema as schema
 from ias.cron import CronError, describe, next_after, parse_schedule
 from ias.errors import SkillError
 from ias.skills import load_skill, parse_skill

@@ -13,7 +13,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from ias import mcp, results, schema
+from ias import jsonschema as schema, mcp, results
 from ias.changes import ADDED, MODIFIED, Change
 from ias.errors import SkillError
 from ias.mcp import PROTOCOL_VERSIONS, Servers

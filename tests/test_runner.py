@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
-from ias import processes, results, runner as runner_module, schema
+from ias import jsonschema as schema, processes, results, runner as runner_module
 from ias.limits import ENV_TOTAL_MAX, ENV_VALUE_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM
 from ias.outcome import RunResult
 from ias.runner import Runner

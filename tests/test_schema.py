@@ -1,4 +1,4 @@
-"""Tests for ias.schema: validate, check, apply_defaults and compile."""
+"""Tests for ias.jsonschema: validate, check, apply_defaults and compile."""
 import copy
 import json
 import time
@@ -6,8 +6,8 @@ import unittest
 from enum import IntEnum
 
 from ias.limits import PATTERN_INPUT_MAX
-from ias.patterns import pattern_input_max
-from ias.schema import SchemaError, apply_defaults, check, compile, loads, validate
+from ias.jsonschema.patterns import pattern_input_max
+from ias.jsonschema import SchemaError, apply_defaults, check, compile, loads, validate
 
 WEATHER = {
     "type": "object",

@@ -20,7 +20,7 @@ import unittest
 from email.message import EmailMessage
 from pathlib import Path
 
-from ias import results, schema
+from ias import jsonschema as schema, results
 from ias.gate import Gate
 from ias.runner import Runner
 from ias.skills import load_skill

@@ -10,7 +10,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from ias import results, schema
+from ias import jsonschema as schema, results
 from ias.runner import Runner
 from ias.skills import load_skill
 from tests.support import REPO, SkillsTestCase

@@ -273,7 +273,7 @@ class HostileParseTest(unittest.TestCase):
             for name in ("one", "two"):
                 (Path(tmp) / name).mkdir()
                 (Path(tmp) / name / "SKILL.md").write_text(GOOD, encoding="utf-8")
-            real_compile = __import__("ias.schema", fromlist=["compile"]).compile
+            real_compile = __import__("ias.jsonschema", fromlist=["compile"]).compile
 
             def compile(schema):       # the first skill's schema fails as no schema should
                 if not calls_seen:
@@ -281,7 +281,7 @@ class HostileParseTest(unittest.TestCase):
                     raise MemoryError("out of memory")
                 return real_compile(schema)
             calls_seen: list = []
-            with mock.patch("ias.schema.compile", compile):
+            with mock.patch("ias.jsonschema.compile", compile):
                 reg = load_registry(None, Path(tmp))
         self.assertEqual([s.name for s in reg], ["two"])
         [problem] = reg.problems
@@ -362,7 +362,7 @@ class CompiledAtLoadTest(GateTestCase):
         skill = self.registry.get("echo_low")
         self.assertEqual(skill.validator({"text": 1}), ["$.text: expected string, got integer"])
         refuse = AssertionError("a schema was compiled during a call")
-        with mock.patch("ias.schema.compile", side_effect=refuse), mock.patch("ias.validator.build", side_effect=refuse):
+        with mock.patch("ias.jsonschema.compile", side_effect=refuse), mock.patch("ias.jsonschema.validator.build", side_effect=refuse):
             self.assertEqual(await self.gate.call("owner", "echo_low", {"text": 1}),
                              {"success": False, "error": "参数错误：$.text: expected string, got integer"})
             self.assertEqual(await self.gate.call("owner", "echo_low", {}), {"success": True, "output": "hi"})

@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from .limits import JSON_DEPTH_MAX, JSON_NUMBER_MAX
+from ..limits import JSON_DEPTH_MAX, JSON_NUMBER_MAX
 
 TYPE_NAMES = ("string", "integer", "number", "boolean", "object", "array", "null")
 KIND = {str: "string", int: "integer", float: "number", bool: "boolean",

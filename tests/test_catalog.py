@@ -15,7 +15,7 @@ from ias.app import build
 from ias.config import Config
 from ias.limits import MAX_TOOLS_CEILING
 from ias.llm import LLM
-from ias.ranker import Catalog, tokens
+from ias.catalog import Catalog, tokens
 from ias.registry import load_registry
 from tests import skillset
 from tests.servers.llm import LLMServer, calls, text

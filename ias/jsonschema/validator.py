@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from .jsonvalues import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, plural, render,
+from .values import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, plural, render,
                          segment, too_deep)
 from .scalars import Node, number_node, string_node
 

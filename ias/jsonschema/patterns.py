@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import sre_constants as _sre  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
-from .limits import PATTERN_INPUT_MAX, PATTERN_INPUT_MIN, PATTERN_MAX, PATTERN_STEPS_MAX
+from ..limits import PATTERN_INPUT_MAX, PATTERN_INPUT_MIN, PATTERN_MAX, PATTERN_STEPS_MAX
 
 
 def pattern_problem(pattern: str) -> str | None:

@@ -12,8 +12,8 @@ from fractions import Fraction
 from typing import Any, Callable
 
 from .formats import FORMATS
-from .jsonvalues import canon, plural, render
-from .limits import PATTERN_INPUT_MAX
+from .values import canon, plural, render
+from ..limits import PATTERN_INPUT_MAX
 from .patterns import pattern_input_max
 
 _MISSING = object()
