@@ -476,6 +476,12 @@ class RecoverTest(unittest.TestCase):
                                   start_new_session=True)
         self.addCleanup(orphan.wait)
         self.addCleanup(lambda: orphan.poll() is None and orphan.kill())
+        # Popen returns once exec has begun, a moment before the kernel publishes the new environment
+        # (/proc/PID/environ reads empty until then): wait for it, as a real leftover long had it.
+        deadline = time.monotonic() + 10
+        while f"HOME={dead}".encode() not in Path(f"/proc/{orphan.pid}/environ").read_bytes().split(b"\0"):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.01)
         self.assertEqual(processes.recover(runs), 2)
         self.assertEqual(orphan.wait(timeout=5), -signal.SIGKILL)
         self.assertEqual(os.listdir(runs), [live.name])
