@@ -462,7 +462,7 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
             risk = "high"
         description = tool.get("description") if isinstance(tool.get("description"), str) else ""
         title = tool.get("title") if isinstance(tool.get("title"), str) else raw
-        description = description.strip()[:MCP_DESCRIPTION_MAX] or title
+        description = description.strip()[:MCP_DESCRIPTION_MAX] or title.strip() or raw
         skills[name] = Skill(name=name, title=title, description=description, risk=risk,
                              parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=made.validator, source=server.source,

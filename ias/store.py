@@ -428,7 +428,7 @@ class Store:
             try:
                 yield conn
             except psycopg.OperationalError as exc:
-                raise StoreError(f"database error: {str(exc).strip().splitlines()[0]}") from exc
+                raise StoreError(f"database error: {_first_line(exc)}") from exc
             finally:
                 # Only a healthy, idle connection goes back: one interrupted mid-query
                 # (cancelled task, broken socket) is closed instead.
@@ -953,7 +953,7 @@ class Store:
                 await conn.execute("LISTEN ias_tasks")
             except psycopg.OperationalError as exc:     # the server went away in between
                 await conn.close()
-                raise StoreError(f"cannot LISTEN: {str(exc).strip().splitlines()[0]}") from None
+                raise StoreError(f"cannot LISTEN: {_first_line(exc)}") from None
             self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()
@@ -975,7 +975,7 @@ class Store:
         except psycopg.OperationalError as exc:
             await self._listen_conn.close()
             self._listen_conn = None
-            raise StoreError(f"lost the LISTEN connection: {str(exc).strip().splitlines()[0]}") from None
+            raise StoreError(f"lost the LISTEN connection: {_first_line(exc)}") from None
         finally:
             loop.remove_reader(fd)
 

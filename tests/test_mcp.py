@@ -260,6 +260,16 @@ class FirstListingTest(McpTestCase):
         self.assertEqual(sorted(self.registry.take_changes(), key=lambda c: c.name),
                          [Change("demo__add", MODIFIED), Change("demo__echo", MODIFIED), Change("demo__later", ADDED)])
 
+    async def test_a_tool_without_a_description_or_title_lists_fine(self):
+        bare = granted("bare.json")        # the server reads it: GRANTS
+        bare.write_text(json.dumps([{"name": "bare", "title": "", "description": "", "inputSchema": {"type": "object"}},
+                                    {"name": "blank", "description": " \n ", "inputSchema": {"type": "object"}}]))
+        self.use(self.build(environ={**self.runner_environ(), "MCP_TEST_TOOLS": str(bare)}))
+        await self.app.mcp.check("demo")
+        listing = await self.agent.turn("owner", "/skills", None)
+        self.assertIn("demo__bare（低风险）：bare", listing.splitlines())
+        self.assertIn("demo__blank（低风险）：blank", listing.splitlines())
+
     async def test_a_fan_out_schema_is_refused_in_a_worker_thread_and_the_loop_keeps_ticking(self):
         hostile = granted("hostile.json")
         hostile.write_text(json.dumps([{"name": f"fan{i}", "inputSchema": fan_out()} for i in range(2)]))
