@@ -103,8 +103,8 @@ class Agent:
         if name == "/help":
             return HELP
         if name == "/skills":
-            return "\n".join(f"{s.name}（{'高风险' if s.high else '低风险'}）：{(s.description.splitlines() or [''])[0]}"
-                             for s in self.registry) or "没有可用的技能。"
+            return "\n".join(f"{s.name}（{'高风险' if s.high else '低风险'}）："
+                             f"{(s.description.splitlines() or [''])[0]}" for s in self.registry) or "没有可用的技能。"
         if name == "/reset":
             await self.store.clear_messages(user_id)
             return "对话记录已清空。"

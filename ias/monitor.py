@@ -65,9 +65,9 @@ class DatabaseMonitor:
         self._suspect.set()
 
     async def settle(self, since: int | None = None) -> bool:
-        """Suspect the database and wait for the verdict; True when it was lost (and is back now) — since
-        `outages` was `since`, when given (a statement that began before an outage and failed after it
-        ended is still the outage's)."""
+        """Suspect the database and wait for the verdict; True when it was lost (and is back now). `since`:
+        the outage count taken when the failed statement began (one that began before an outage and
+        failed after it ended is still the outage's)."""
         before = self._outages if since is None else since
         self._checked.clear()
         self.suspect()
