@@ -460,8 +460,9 @@ def fill_audit(dsn: str, chain, rows: int) -> None:
 
 
 def _measured(argv: list[str], env: dict, cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run a command: its wall time (s), its peak RSS (MB: the most its process and its helper processes
-    held at once, sampled every 10 ms, or its own peak when larger) and what it printed."""
+    """Run a command: its wall time (s), its peak RSS (MB: the sum of the peaks (VmHWM) of its process and
+    its helper processes, sampled every 10 ms; not wait4's ru_maxrss, which counts the bench's own pages
+    the child shared before its exec) and what it printed."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
@@ -475,22 +476,24 @@ def _measured(argv: list[str], env: dict, cwd: Path) -> tuple[float, float, subp
     out, err = proc.stdout.read(), proc.stderr.read()           # a few lines each
     done.set()
     sampler.join()
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, _ = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     proc.stdout.close()
     proc.stderr.close()
-    return (time.perf_counter() - start, max(usage.ru_maxrss, peak[0]) / 1024,
+    return (time.perf_counter() - start, peak[0] / 1024,
             subprocess.CompletedProcess(argv, proc.returncode, out, err))
 
 
 def _tree_rss(pid: int) -> int:
-    """KB resident in `pid` and its descendants now (0 for what has gone)."""
+    """KB: the peak resident size of `pid` and of each of its descendants so far, summed (0 for what has gone)."""
     try:
+        if Path(f"/proc/{pid}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes():
+            return 0                # forked, not yet exec'd: it still shares the bench's own memory
         status = Path(f"/proc/{pid}/status").read_text()
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return 0
-    own = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    own = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
     return own + sum(_tree_rss(int(child)) for child in children)
 
 
