@@ -314,8 +314,8 @@ class _Walk:
         """What `join` needs of a span's walk (JSON: it comes from a helper process)."""
         return {"rows": self.rows, "unkeyed": self.unkeyed, "keyed": self.keyed, "forged": self.forged,
                 "broken": self.broken, "problems": self.problems, "head_seen": self.head_seen,
-                "first_link": self.first_link, "leading": self.leading, "leading_ids": self.leading_ids, "previous": self.previous,
-                "last_id": self.last_id}
+                "first_link": self.first_link, "leading": self.leading, "leading_ids": self.leading_ids,
+                "previous": self.previous, "last_id": self.last_id}
 
     def verdict(self) -> Verdict:
         where, cut = self.chain.head, self.checkpoint
@@ -343,7 +343,8 @@ async def _helper(dsn: str, snapshot: str, chain: AuditChain, head: Head | None,
     """Walk one span in a helper process, in the snapshot `snapshot` (exported by the caller, whose
     transaction stays open meanwhile); its `summary()`, or why it failed. The chain key goes through
     the helper's stdin, never its arguments or environment."""
-    job = json.dumps({"dsn": dsn, "snapshot": snapshot, "key": chain.key.hex(), "head_file": str(chain.head), "span": span,
+    job = json.dumps({"dsn": dsn, "snapshot": snapshot, "key": chain.key.hex(), "head_file": str(chain.head),
+                      "span": span,
                       "head": None if head is None else [head.id, head.value],
                       "checkpoint": None if checkpoint is None else asdict(checkpoint)}).encode()
     root = str(Path(__file__).resolve().parent.parent)

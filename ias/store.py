@@ -32,7 +32,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -229,7 +229,7 @@ class ChainView:
     snapshot: str
     first: int | None
     last: int | None
-    rows: Any
+    rows: Callable[[int, int], AsyncIterator[list[tuple]]]
 
 
 async def _batches(cur: psycopg.AsyncServerCursor, size: int) -> AsyncIterator[list]:
