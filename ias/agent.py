@@ -31,7 +31,7 @@ from .approval import Notify, TurnBudget
 from .clock import SYSTEM, TZ
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
-from .catalog import Catalog, tool_spec  # noqa: F401 - tool_spec: the tool format, re-exported
+from .catalog import Catalog
 from .registry import Registry
 from .store import AuditEntry, Store
 

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
 
-from . import ilink, sandbox
+from . import sandbox
 from .agent import Agent
 from .approval import Approvals, load_key
 from .auditchain import AuditChain
 from .handlers import Handlers
 from .channels.base import Channel
-from .channels.wechat import WeChatChannel
+from .channels.wechat import ilink
+from .channels.wechat.channel import WeChatChannel
+from .channels.wechat.login import credentials
 from .config import Config
 from .gate import Gate
 from .monitor import DatabaseMonitor
@@ -29,10 +31,9 @@ from .pgcluster import Cluster
 from .catalog import Catalog
 from .router import Router
 from .runner import Runner
-from .mcp import Servers
+from .mcp.servers import Servers
 from .registry import Registry, registry
 from .store import Store
-from .wechat_login import credentials
 
 if TYPE_CHECKING:
     from .llm import LLM            # imported for real only when there is an API key (see open_llm)

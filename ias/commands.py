@@ -230,8 +230,8 @@ async def cmd_tasks(config, args) -> int:
 
 async def cmd_wechat(config, action: str) -> int:
     from .app import open_store
-    from .ilink import DEFAULT_BASE_URL
-    from .wechat_login import login, logout, status
+    from .channels.wechat.ilink import DEFAULT_BASE_URL
+    from .channels.wechat.login import login, logout, status
     async with open_store(config) as store:
         if action == "login":
             done = await login(store, config.wechat_base_url or DEFAULT_BASE_URL, out=print,

@@ -56,7 +56,7 @@ async def cmd_doctor(config) -> int:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.cluster_dir}"
             pending = await store.approvals()
             line(True, "database", f"{where}, schema applied, {len(pending)} pending approvals")
-            from .wechat_login import status
+            from .channels.wechat.login import status
             wx = await status(store)
             if config.wechat_token or wx.logged_in:
                 line(not wx.stale, "channel", "WeChat session expired: run `ias wechat login`" if wx.stale

@@ -139,7 +139,7 @@ CLUSTER_MAX_WAL = "256MB"           # max_wal_size: WAL kept between checkpoints
 CLUSTER_MIN_WAL = "32MB"            # min_wal_size: WAL recycled in advance
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
-# MCP servers (ias/mcp.py)
+# MCP servers (ias/mcp/)
 MCP_PROTOCOL_TIMEOUT = 10.0         # seconds for initialize, one tools/list page and ping
 MCP_LINE_MAX = 4 * 1024 * 1024      # bytes of one JSON-RPC message from a server; longer ends the connection
 MCP_PAGES_MAX = 50                  # tools/list pages followed (a server that never ends its cursor is cut off)

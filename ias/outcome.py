@@ -9,7 +9,7 @@ and the result the model reads come from the Outcome alone.
 kept here beside Outcome so results.py can read them without importing the runner.
 
 Not handled here: what the model reads is made by results.py (each executor calls it); an MCP
-server's raw answer stays in mcp.py.
+server's raw answer stays in ias/mcp/.
 """
 from __future__ import annotations
 

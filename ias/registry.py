@@ -295,7 +295,7 @@ def load_registry(system_dir: Path | None, user_dir: Path | None,
                   confine: Callable[[Skill | McpServer, str], str | None] | None = None) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
     `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
-    An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see mcp.py),
+    An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see ias/mcp/servers.py),
     so listing never waits for a server."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
     reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache,

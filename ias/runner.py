@@ -340,7 +340,7 @@ class Runner:
         )
         return env
 
-    # -- long-lived MCP servers (ias/mcp.py speaks to them; they are spawned and ended here) --
+    # -- long-lived MCP servers (ias/mcp/ speaks to them; they are spawned and ended here) --
 
     def server_command(self, words: tuple[str, ...], directory: str) -> list[str]:
         """An `## MCP` command line's words with $IAS_PYTHON, $IAS_HOME and $IAS_SKILL_DIR put in."""

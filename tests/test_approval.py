@@ -544,7 +544,7 @@ class ModelNeverHearsOfCodesTest(test_agent.AgentTestCase):
                 self.assertNotIn(code, body)
 
     def test_no_shipped_tool_definition_mentions_them(self):
-        from ias.agent import tool_spec
+        from ias.catalog import tool_spec
         from ias.registry import load_registry
         registry = load_registry(test_agent.REPO / "resources" / "skills", test_agent.REPO / "skills")
         self.assertGreaterEqual(len(list(registry)), 10)

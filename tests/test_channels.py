@@ -9,7 +9,7 @@ import unittest
 from ias import limits
 from ias.channels.base import FAILED, SENT, SHUT, UNKNOWN, Channel, Window, budget, capped, split_text
 from ias.channels.console import ConsoleChannel
-from ias.channels.wechat import BUDGET_NOTE
+from ias.channels.wechat.channel import BUDGET_NOTE
 from ias.outbox import Outbox
 from tests.support import REPO, FakeChannel
 from tests.test_wechat import WeChatTestCase

@@ -1,9 +1,9 @@
-"""The iLink HTTP client (ias/ilink.py) against the local iLink server: requests, response limits, errors."""
+"""The iLink HTTP client (ias/channels/wechat/ilink.py) against the local iLink server: requests, response limits, errors."""
 import base64
 import unittest
 
 from ias import limits
-from ias.ilink import (GET_QRCODE, GET_UPDATES, QRCODE_STATUS, ILink, WeChatError, client_version, error_code,
+from ias.channels.wechat.ilink import (GET_QRCODE, GET_UPDATES, QRCODE_STATUS, ILink, WeChatError, client_version, error_code,
                        ias_version)
 from tests.servers import closed_port
 from tests.servers.ilink import ILinkServer

@@ -13,10 +13,12 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from ias import jsonschema as schema, mcp, results
+from ias import jsonschema as schema, results
 from ias.changes import ADDED, MODIFIED, Change
 from ias.errors import SkillError
-from ias.mcp import PROTOCOL_VERSIONS, Servers
+from ias.mcp.connection import PROTOCOL_VERSIONS
+from ias.mcp import servers as mcp_servers
+from ias.mcp.servers import Servers
 from ias.registry import cached_tools, load_registry, mcp_skills, tool_skill_name
 from ias.skills import McpServer, parse_skill
 from ias.supervisor import Supervisor
@@ -284,7 +286,7 @@ class FirstListingTest(McpTestCase):
                 gaps.append(now - last)
                 last = now
         threads: list[str] = []
-        listed = mcp.mcp_skills
+        listed = mcp_servers.mcp_skills
 
         def in_thread(*args):                           # the schema checks run off the event loop
             threads.append("main" if threading.current_thread() is threading.main_thread() else "worker")
@@ -292,7 +294,7 @@ class FirstListingTest(McpTestCase):
         ticker = asyncio.create_task(tick())
         try:
             started = time.monotonic()
-            with mock.patch.object(mcp, "mcp_skills", in_thread):
+            with mock.patch.object(mcp_servers, "mcp_skills", in_thread):
                 tools, problems = await self.app.mcp.check("demo")
             took = time.monotonic() - started
             await asyncio.sleep(0.05)                   # the ticker notes the gap it may just have lived through

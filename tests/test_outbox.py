@@ -11,11 +11,11 @@ from datetime import datetime, timedelta
 from unittest import mock
 
 from ias.channels.console import ConsoleChannel
-from ias.channels.wechat import BUDGET_NOTE, WeChatChannel
+from ias.channels.wechat.channel import BUDGET_NOTE, WeChatChannel
 from ias import limits
 from ias.config import mail_server
 from ias.clock import TZ
-from ias.ilink import Credentials
+from ias.channels.wechat.ilink import Credentials
 from ias.llm import LLM
 from ias.notifiers import Email, Fallback, Notice, WeComRobot, Webhook
 from ias.outbox import BACKLOG_NOTE, IN_DOUBT, Outbox

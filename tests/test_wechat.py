@@ -11,10 +11,10 @@ from datetime import datetime, timezone
 
 from ias import limits
 from ias.channels.base import Inbound
-from ias.channels.wechat import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel
+from ias.channels.wechat.channel import BUDGET_NOTE, MEDIA_ONLY, STALE_NOTE, WeChatChannel
 from ias.errors import ConfigError
-from ias.ilink import CHANNEL, Credentials, WeChatError
-from ias.wechat_login import credentials, login, logout, redirect_url, status
+from ias.channels.wechat.ilink import CHANNEL, Credentials, WeChatError
+from ias.channels.wechat.login import credentials, login, logout, redirect_url, status
 from tests.servers.ilink import ILinkServer
 from tests.support import FIXTURES, REPO, FakeClock, StoreTestCase
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 
 from ias.agent import HELP
-from ias.channels.wechat import WeChatChannel
-from ias.ilink import Credentials
+from ias.channels.wechat.channel import WeChatChannel
+from ias.channels.wechat.ilink import Credentials
 from ias.llm import LLM
 from ias.monitor import DatabaseMonitor
 from ias.router import HELD

@@ -1,8 +1,8 @@
 """The iLink bot protocol over HTTP: the client, the protocol constants, the credentials and the login state.
 
 Protocol facts are in reference/wechat-ilink.md. Who uses it: the WeChat channel
-(`ias.channels.wechat`: polling, sending, the send budget) and the QR login
-(`ias.wechat_login`). The `channel_state` keys of channel "wechat" are listed here because both
+(`channel.py`: polling, sending, the send budget) and the QR login
+(`login.py`). The `channel_state` keys of channel "wechat" are listed here because both
 of them (and the owner lookup in `ias.app`) read what the other wrote.
 
 The client is a minimal asyncio HTTP/1.1 client, one connection per request (`Connection: close`),
@@ -23,8 +23,8 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from . import limits
-from .errors import IasError
+from ... import limits
+from ...errors import IasError
 
 DEFAULT_BASE_URL = "https://ilinkai.weixin.qq.com"
 PROTOCOL_VERSION = "2.4.3"          # the openclaw-weixin release whose wire format we follow

@@ -21,8 +21,8 @@ import time
 from typing import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
-from . import limits
-from .errors import ConfigError
+from ... import limits
+from ...errors import ConfigError
 from .ilink import (BASE_URL, BOT_ID, CHANNEL, CURSOR, DEFAULT_BASE_URL, GET_QRCODE, OWNER, PEER, QRCODE_STATUS,
                     STALE_MARK, TOKEN, Credentials, ILink, LoginState, WeChatError)
 

@@ -1,8 +1,8 @@
 """The WeChat channel: polling `getupdates`, sending with `sendmessage`, the send budget and the 24 h window.
 
-The iLink HTTP client, the protocol constants and the `channel_state` keys live in `ias.ilink`
+The iLink HTTP client, the protocol constants and the `channel_state` keys live in `ilink.py`
 (protocol facts in reference/wechat-ilink.md); the QR login that yields the token lives in
-`ias.wechat_login`. Only the owner (the person who scanned the QR code) is served. Inbound
+`login.py` (both beside this module). Only the owner (the person who scanned the QR code) is served. Inbound
 messages are recorded in the store (`inbound`, their ids in `seen_messages`) before the cursor moves
 past them, so a redelivery is handled once and a restart mid-turn loses nothing (the router replays
 what is pending). While the database is lost a message is passed on unrecorded (the router holds it)
@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from .. import limits
-from ..errors import IasError, StoreError
-from ..ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
+from ... import limits
+from ...errors import IasError, StoreError
+from .ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
-from .base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound, Window
+from ..base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound, Window
 
 log = logging.getLogger(__name__)
 
