@@ -118,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
+    from .setup import PRESETS
+    setup = sub.add_parser("setup", help="first run: LLM provider, key and model (tested), written to the env file "
+                                         "$IAS_DATA_DIR/ias.env; then an optional WeChat login")
+    setup.add_argument("--provider", choices=[p.name for p in PRESETS],
+                       help="no questions: this preset, the key from OPENAI_API_KEY (for scripts)")
+    setup.add_argument("--model", type=_text, help="the chat model (default: the preset's)")
+    setup.add_argument("--base-url", type=_text, help="the endpoint (default: the preset's; needed for `other`)")
+
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
@@ -152,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_wechat(config, args.action))
         if args.command == "doctor":
             return asyncio.run(cmd_doctor(config))
+        if args.command == "setup":
+            from .setup import run_setup
+            return run_setup(config, args.provider, args.model, args.base_url)
         if args.once is not None:
             from .oneoff import run_once
             return asyncio.run(run_once(config, args.once))
