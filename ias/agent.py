@@ -45,7 +45,7 @@ HELP = """iAs 命令：
 /run 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）
 /reset — 清空对话记录
 其他消息会交给大模型处理。"""
-NO_LLM = "还没有配置大模型：请设置 OPENAI_API_KEY（可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
+NO_LLM = "还没有配置大模型：请运行 python ias.py setup（或设置 OPENAI_API_KEY，可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
 KEY_REFUSED = "大模型服务拒绝了密钥：请检查 OPENAI_API_KEY"      # a 401/403: waiting will not help
 TOOLS_REFUSED = ("大模型服务拒绝了这次请求的工具列表（技能太多或定义太长）：请调低 IAS_MAX_TOOLS 或 "

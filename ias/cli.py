@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             from .oneoff import run_once
             return asyncio.run(run_once(config, args.once))
         from .daemon import run_daemon
-        logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+        logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else _daemon_log_level())
         return asyncio.run(run_daemon(config))
     except IasError as exc:
         print(f"ias: {exc}", file=sys.stderr)
@@ -181,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)
         return 1
+
+
+def _daemon_log_level() -> int:
+    """INFO for a log (the journal, a file, a pipe); WARNING when the owner chats on this terminal, so that
+    the progress lines do not interleave with the replies (-v shows everything)."""
+    try:
+        chatting = sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        chatting = False
+    return logging.WARNING if chatting else logging.INFO
 
 
 def not_dumpable() -> None:
