@@ -65,7 +65,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     cluster = None if config.database_url else Cluster(config.cluster_dir)
     async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
         if llm is None:
-            log.warning("OPENAI_API_KEY is not set: only /commands will work")
+            log.warning("OPENAI_API_KEY is not set: only /commands will work (run `python ias.py setup`)")
         supervisor = Supervisor()
         monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
                                   limit=db_lost_limit)

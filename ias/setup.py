@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -201,11 +202,15 @@ def run_setup(config, provider: str | None = None, model: str | None = None, bas
         return 1
     envfile.write(config.env_file, endpoint.settings())
     out(f"测试通过，已写入 {config.env_file}（仅本用户可读写）。")
+    for name, value in endpoint.settings().items():
+        if os.environ.get(name, "").strip() not in ("", value):
+            out(f"注意：环境变量 {name} 已设置，它优先于 ias.env 中的值；请删除它（unset {name}）以使用刚写入的设置。")
     if provider is None and _yes(ask, "现在登录微信吗？以后也可以运行 python ias.py wechat login [y/N]："):
         code = login() if login is not None else _wechat_login(config)
         if code != 0:
             return code
-    out("设置完成：运行 make run（或 python ias.py）启动 iAs，在终端里直接输入消息即可对话。")
+    out("设置完成：运行 make run（或 python ias.py）启动 iAs，在终端里直接输入消息即可对话；"
+        "如 iAs 已在运行，请重启它以使用新的设置。")
     return 0
 
 

@@ -4,11 +4,13 @@ daemon `make run` starts answering with nothing exported, and a wrong key told a
 import contextlib
 import io
 import json
+import os
 import signal
 import stat
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlparse
 
 from ias import envfile
@@ -86,6 +88,15 @@ class SetupTest(unittest.TestCase):
         plain, tooled = server.requests
         self.assertNotIn("tools", plain)
         self.assertEqual([t["function"]["name"] for t in tooled["tools"]], [PROBE_TOOL_NAME])
+
+    def test_a_variable_of_the_real_environment_that_would_win_is_pointed_out(self):
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_"))}
+        with LLMServer(list(PROBED)) as server, mock.patch.dict(os.environ, {**environ, "IAS_MODEL": "gpt-4o"},
+                                                                clear=True):
+            self.assertEqual(self.setup_run(server), (0, ""))
+        self.assertIn("注意：环境变量 IAS_MODEL 已设置，它优先于 ias.env 中的值；请删除它（unset IAS_MODEL）以使用刚写入的设置。",
+                      self.out)
+        self.assertFalse(any("OPENAI_API_KEY 已设置" in line for line in self.out))
 
     def test_a_failed_test_writes_nothing_and_says_why_in_one_line(self):
         cases = [("sk-wrong", [], KEY_REFUSED),
