@@ -244,7 +244,7 @@ def _with_env_file(env: dict[str, str], toml_data_dir) -> dict[str, str]:
     (else ias.toml, else the default) names; its own IAS_DATA_DIR and IAS_CONFIG are not used."""
     where = env.get("IAS_DATA_DIR", "").strip() or (toml_data_dir if isinstance(toml_data_dir, str) else None)
     path = (Config(data_dir=Path(where)) if where else Config()).env_file
-    settings = envfile.read(path)
+    settings = envfile.read(path) if path.parent.is_dir() else {}      # not a directory: load() says so
     for name in ("IAS_DATA_DIR", "IAS_CONFIG"):
         settings.pop(name, None)
     return {**settings, **env}

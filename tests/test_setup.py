@@ -17,7 +17,7 @@ from ias import envfile
 from ias.agent import KEY_REFUSED
 from ias.config import load
 from ias.errors import ConfigError
-from ias.setup import NO_KEY, PRESETS, PROBE_TOOL_NAME, UsageError, from_arguments, preset, run_setup
+from ias.setup import NO_KEY, PRESETS, PROBE_TOOL_NAME, UsageError, from_arguments, needed, preset, run_setup
 from tests.e2e_support import ECHO, Copy, EchoLLM, wait_until
 from tests.servers.llm import LLMServer, calls, error, text
 from tests.support import slow
@@ -55,6 +55,27 @@ class PresetsTest(unittest.TestCase):
             from_arguments(config, "other", "m", None)
         with self.assertRaisesRegex(UsageError, "--provider other needs --model NAME"):
             from_arguments(config, "other", None, "http://127.0.0.1:8000/v1")
+
+
+class NeededTest(unittest.TestCase):
+    """`make run` offers setup when neither OPENAI_API_KEY nor OPENAI_BASE_URL is set, here or in the env file."""
+
+    def test_needed(self):
+        tmp = tempfile.TemporaryDirectory(prefix="ias-setup-")
+        self.addCleanup(tmp.cleanup)
+        cwd = os.getcwd()
+        self.addCleanup(os.chdir, cwd)
+        os.chdir(tmp.name)
+        bare = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_"))}
+        for extra, expected in (({}, True), ({"OPENAI_API_KEY": "sk-1"}, False),
+                                ({"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}, False)):
+            with self.subTest(extra=extra), mock.patch.dict(os.environ, {**bare, **extra}, clear=True):
+                self.assertIs(needed(), expected)
+        envfile.write(Path(tmp.name) / "var" / "ias.env", {"OPENAI_API_KEY": "sk-1"})
+        with mock.patch.dict(os.environ, bare, clear=True):
+            self.assertIs(needed(), False)
+            (Path(tmp.name) / "var" / "ias.env").chmod(0o666)      # a broken configuration: the daemon says why
+            self.assertIs(needed(), False)
 
 
 class SetupTest(unittest.TestCase):
