@@ -3,6 +3,7 @@ read and tuned together. config.py checks the settings and takes their defaults 
 
 # Settings' defaults (ias.toml / IAS_*; the ranges they may take are config.py's)
 MODEL_DEFAULT = "gpt-4o-mini"       # IAS_MODEL
+ENV_FILE_MAX = 64 * 1024            # bytes of $IAS_DATA_DIR/ias.env; a larger file is a configuration error
 APPROVAL_TIMEOUT = 300.0            # seconds the owner has to answer a confirmation: IAS_APPROVAL_TIMEOUT
 OUTBOX_EXPIRE = 3 * 86400.0         # seconds a queued message may wait before it expires: IAS_OUTBOX_EXPIRE
 FALLBACK_AFTER = 600.0              # seconds past its due time before a reminder/task result goes to the fallback
