@@ -362,7 +362,8 @@ def _mk_array(schema: dict, fast: frozenset, type_ok: Callable, memo: dict[int, 
     def array_node(x, path, seg, errors):
         if type(x) not in fast and not type_ok(x, path, seg, errors):
             return
-        if sized and not lo <= len(x) <= hi:
+        n = len(x)
+        if sized and not lo <= n <= hi:
             refuse_size(x, path, seg, errors)
         if unique:
             seen: dict = {}
@@ -377,7 +378,7 @@ def _mk_array(schema: dict, fast: frozenset, type_ok: Callable, memo: dict[int, 
                 for i, v in enumerate(x):
                     if type(v) not in leaf:
                         item(v, here, f"[{i}]", errors)
-            elif len(x) <= len(_INDEX):
+            elif n <= len(_INDEX):
                 for v, index in zip(x, _INDEX):
                     item(v, here, index, errors)
             else:
