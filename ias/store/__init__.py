@@ -19,21 +19,19 @@ from __future__ import annotations
 from datetime import datetime
 
 from ..auditchain import AuditChain
+from ..limits import POOL_IDLE_CLOSE, POOL_SIZE, PRUNE_BATCH
 from .approvals import Approvals
-from .audit import AUDIT_BATCH, AUDIT_LOCK, ChainView
+from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
-from .pool import CONNECT_TIMEOUT, POOL_IDLE_CLOSE, POOL_SIZE
 from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task
 from .tasks import Tasks
 from .values import TOO_DEEP, storable
 
+# The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
 __all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
-           "InboundRow", "storable", "TOO_DEEP", "POOL_SIZE", "POOL_IDLE_CLOSE", "CONNECT_TIMEOUT", "SCHEMA_LOCK",
-           "AUDIT_LOCK", "AUDIT_BATCH", "PRUNE_BATCH"]
-
-PRUNE_BATCH = 5000               # rows per DELETE when history is pruned
+           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK"]
 
 # What `prune_history` removes (older than its parameter and settled), per table.
 _PRUNABLE = {

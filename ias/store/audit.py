@@ -20,13 +20,13 @@ from psycopg.types.json import Jsonb
 from .. import auditchain
 from ..auditchain import AuditChain, Checkpoint, Head
 from ..errors import IasError, StoreError
-from .pool import POOL_SIZE, Pool, first_line
+from ..limits import AUDIT_BATCH, POOL_SIZE
+from .pool import Pool, first_line
 from .records import AuditEntry, AuditRow, ChainRow, Pruned
 
 log = logging.getLogger(__name__)
 
 AUDIT_LOCK = 7308199101          # transaction advisory lock serialising audit appends (one chain, every process)
-AUDIT_BATCH = 2000               # rows per fetch when the whole audit log is read (verification)
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _AUDIT_TYPES = {"event": "text", "user_id": "text", "skill_name": "text", "params": "jsonb", "risk": "text",
                 "approval_id": "uuid", "decision": "text", "exit_code": "integer", "duration_ms": "integer",

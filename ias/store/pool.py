@@ -16,11 +16,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from ..errors import StoreError
+from ..limits import CONNECT_TIMEOUT, POOL_IDLE_CLOSE, POOL_SIZE
 from .values import make_storable
-
-POOL_SIZE = 8                    # connections held at most
-POOL_IDLE_CLOSE = 10.0           # seconds an unused pooled connection stays open
-CONNECT_TIMEOUT = 10             # seconds
 
 
 def first_line(exc: Exception) -> str:
@@ -38,7 +35,7 @@ class Pool:
         self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
         self._closing: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(pool_size)
-        self._listen_conn: psycopg.AsyncConnection | None = None
+        self._listen_conn: psycopg.AsyncConnection | None = None    # outside the pool: Tasks.wait_for_task_change
 
     async def _connect(self) -> psycopg.AsyncConnection:
         try:
