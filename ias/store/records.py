@@ -1,8 +1,9 @@
 """The store's records: frozen rows handed to and from the rest of iAs.
 
 AuditRow and ChainRow live in `auditchain` (the chain seals them; defined there so that it needs
-nothing of the store) and are re-exported here. Not here: how a row is read or written (the
-modules by table family).
+nothing of the store) and are re-exported here.
+
+Not handled: how a row is read or written (the modules by table family).
 """
 from __future__ import annotations
 
