@@ -67,6 +67,11 @@ CLI_NUMBER_MAX = 2 ** 31 - 1        # largest --limit or task id accepted (beyon
 
 # Store
 STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the validator allows 64); deeper parts become a marker
+POOL_SIZE = 8                       # database connections a store holds at most
+POOL_IDLE_CLOSE = 10.0              # seconds an unused pooled connection stays open
+CONNECT_TIMEOUT = 10                # seconds to connect to PostgreSQL
+PRUNE_BATCH = 5000                  # rows per DELETE when history is pruned
+AUDIT_BATCH = 2000                  # rows per fetch when the whole audit log is read (verification)
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
