@@ -94,7 +94,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
                   supervisor=supervisor)
     handlers = Handlers(store, skills, catalog.search)
-    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp, supervisor=supervisor)
+    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
+                supervisor=supervisor)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor)
     router = outbox = None

@@ -5,11 +5,11 @@ learns whether a call ran and what it returned, never how the owner was asked. F
 when the audit row cannot be written, nothing runs.
 
 Once a skill has started, its end is always recorded: the `skill_finished` row and an approved
-call's result are written by a task shielded by the supervisor (its RECORDS group), which neither a
-cancelled turn nor a shutdown interrupts (shutdown waits for it, and for the calls still running). If the store refuses them (the
-database is down), the owner is told that the call ran, and they are kept in memory and written
-when the database is back (a daemon that stops first keeps them in a file for its next start),
-so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
+call's result are written by a task the supervisor shields (its RECORDS group), which neither a
+cancelled turn nor a shutdown interrupts (shutdown waits for it, and for the calls still running).
+If the store refuses them (the database is down), the owner is told that the call ran, and they
+are kept in memory and written when the database is back (a daemon that stops first keeps them in
+a file for its next start), so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
 
