@@ -80,11 +80,11 @@ class Scope:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+            task.add_done_callback(self.supervisor._report)     # nobody takes its exception now
             if grace > 0 and not task.done():
                 await asyncio.wait([task], timeout=grace)
                 if not task.done():
                     log.warning("%s still runs %gs after its caller was cancelled; it goes on", name, grace)
-            task.add_done_callback(self.supervisor._report)     # nobody takes its exception now
             raise
 
     @contextmanager
