@@ -75,6 +75,7 @@ AUDIT_BATCH = 2000                  # rows per fetch when the whole audit log is
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
+TURNS_MAX = 4                       # agent turns for inbound messages running at once; more wait their turn, in order
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
 DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
 DB_RETRY_MAX = 1.0                  # seconds between reconnect attempts at most (a restarted server is used within it)
