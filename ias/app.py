@@ -40,16 +40,17 @@ if TYPE_CHECKING:
 
 
 @asynccontextmanager
-async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
+async def open_store(config: Config, cluster: Cluster | None = None, *,
+                     supervisor: Supervisor | None = None) -> AsyncIterator[Store]:
     """The configured database, or the embedded cluster (started if needed; stopped after only if no other
-    iAs process uses it)."""
+    iAs process uses it); `supervisor`: the daemon's, for the store's background work."""
     chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.cluster_dir)
         dsn = cluster.start()
     try:
-        store = await Store.open(dsn, chain=chain)
+        store = await Store.open(dsn, chain=chain, supervisor=supervisor)
         try:
             yield store
         finally:

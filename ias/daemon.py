@@ -63,10 +63,11 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):     # SIGHUP: the terminal was closed
         loop.add_signal_handler(sig, stop.set)
     cluster = None if config.database_url else Cluster(config.cluster_dir)
-    async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
+    supervisor = Supervisor(daemon=True)
+    async with (instance_lock(config), open_store(config, cluster, supervisor=supervisor) as store,
+                open_llm(config) as llm):
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work (run `python ias.py setup`)")
-        supervisor = Supervisor(daemon=True)
         monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
                                   limit=db_lost_limit)
         user = await resolve_owner(config, store)
