@@ -1,6 +1,19 @@
 #!/usr/bin/env python3
-"""Entry point: `python ias.py …` is the same as the installed `ias` command."""
-from ias.cli import run
+"""Entry point: `python ias.py …` is the same as the installed `ias` command.
+
+Run by an interpreter without iAs's dependencies (the system's python3), it runs again with the
+checkout's venv, or says in one line to run `make` first."""
+import importlib.util
+import os
+import sys
+from pathlib import Path
 
 if __name__ == "__main__":
+    if not all(importlib.util.find_spec(name) for name in ("psycopg", "openai")):
+        venv = Path(__file__).resolve().parent / ".venv"
+        if (venv / "bin" / "python").exists() and Path(sys.prefix).resolve() != venv.resolve():
+            os.execv(venv / "bin" / "python", [str(venv / "bin" / "python"), __file__, *sys.argv[1:]])
+        sys.exit(f"ias: {sys.executable} lacks iAs's dependencies (psycopg, openai): run `make` in "
+                 f"{Path(__file__).resolve().parent} first (it makes .venv), then run ias.py again")
+    from ias.cli import run
     run()

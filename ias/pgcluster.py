@@ -239,7 +239,7 @@ class Cluster:
         if self._user:
             uid, gid = self._owner()
             os.chown(self.datadir, uid, gid)
-            closed = _unreachable(self.datadir.parent, uid, os.getgrouplist(self._user, gid))
+            closed = unreachable(self.datadir.parent, uid, os.getgrouplist(self._user, gid))
             if closed is not None:
                 raise ClusterError(f"the '{self._user}' OS user, which runs the embedded server as root, cannot "
                                    f"reach {self.datadir} ({closed} is closed to it): set IAS_DATA_DIR to a "
@@ -457,7 +457,7 @@ class Cluster:
                 last.release()
 
 
-def _unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
+def unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
     """The first of `directory` and its ancestors that `uid` (in `gids`) may not search, or None."""
     for path in [*reversed(directory.parents), directory]:
         st = path.stat()

@@ -117,3 +117,18 @@ async def _close_quietly(conn: psycopg.AsyncConnection) -> None:
         await conn.close()
     except (psycopg.Error, OSError) as exc:
         log.warning("closing an idle database connection failed: %s", first_line(exc))
+
+
+async def objects(dsn: str) -> int:
+    """How many relations and functions the database at `dsn` holds outside PostgreSQL's own schemas:
+    0 is an empty database, the only kind `ias restore` restores into (no migration is applied here)."""
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%') "
+                "     + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%')")
+            return (await cur.fetchone())[0]
+    except psycopg.OperationalError as exc:
+        raise StoreError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
