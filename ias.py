@@ -11,8 +11,10 @@ from pathlib import Path
 if __name__ == "__main__":
     if not all(importlib.util.find_spec(name) for name in ("psycopg", "openai")):
         venv = Path(__file__).resolve().parent / ".venv"
-        if (venv / "bin" / "python").exists() and Path(sys.prefix).resolve() != venv.resolve():
-            os.execv(venv / "bin" / "python", [str(venv / "bin" / "python"), __file__, *sys.argv[1:]])
+        python = venv / "bin" / "python"
+        # Never twice: a venv whose install failed lacks them too.
+        if python.exists() and Path(sys.executable) != python and Path(sys.prefix).resolve() != venv.resolve():
+            os.execv(python, [str(python), __file__, *sys.argv[1:]])
         sys.exit(f"ias: {sys.executable} lacks iAs's dependencies (psycopg, openai): run `make` in "
                  f"{Path(__file__).resolve().parent} first (it makes .venv), then run ias.py again")
     from ias.cli import run

@@ -60,6 +60,11 @@ async def open_store(config: Config, cluster: Cluster | None = None, *,
             cluster.stop()
 
 
+def make_cluster(config: Config) -> Cluster | None:
+    """The embedded cluster in the data directory, or None when IAS_DATABASE_URL names the database."""
+    return None if config.database_url else Cluster(config.cluster_dir)
+
+
 def start_cluster(config: Config, cluster: Cluster) -> str:
     """Start (or join) the embedded cluster; one stderr line first when it is about to be created, naming the data
     directory, so that a command run from the wrong place never silently makes a second, empty database."""

@@ -26,13 +26,13 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from .app import open_store, start_cluster
+from .app import make_cluster, open_store, start_cluster
 from .audit import anchor
 from .clock import SYSTEM
 from .config import Config, absolute
 from .errors import IasError
 from .limits import BACKUP_TIMEOUT, RESTORE_PROBLEMS_SHOWN
-from .pgcluster import SYSTEM_BINDIRS, Cluster, find_bindir
+from .pgcluster import SYSTEM_BINDIRS, find_bindir
 from .store import objects
 
 MAGIC = b"PGDMP"                        # the first bytes of every custom-format dump
@@ -83,7 +83,7 @@ async def cmd_backup(config: Config, file: str | None, now: datetime | None = No
         raise BackupError(f"{target} exists: name another file")
     if not target.parent.is_dir():
         raise BackupError(f"{target.parent} is not a directory")
-    cluster = None if config.database_url else Cluster(config.cluster_dir)
+    cluster = make_cluster(config)
     if cluster is not None and not cluster.initialised():
         raise BackupError(f"no database in {config.data_dir} (IAS_DATA_DIR): nothing to back up")
     bindir = client_bindir(config, "pg_dump")
@@ -112,7 +112,7 @@ async def cmd_restore(config: Config, file: str) -> int:
     except OSError as exc:
         raise BackupError(f"cannot read {source}: {exc.strerror}") from None
     had_key = config.key_file.exists()
-    cluster = None if config.database_url else Cluster(config.cluster_dir)
+    cluster = make_cluster(config)
     bindir = client_bindir(config, "pg_restore")
     try:
         dsn = config.database_url or start_cluster(config, cluster)
