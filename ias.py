@@ -2,7 +2,8 @@
 """Entry point: `python ias.py …` is the same as the installed `ias` command.
 
 Run by an interpreter without iAs's dependencies (the system's python3), it runs again with the
-checkout's venv, or says in one line to run `make` first."""
+checkout's venv when that one can be run; else it goes on, and a command that needs them says in
+one line to run `make` first (`cli`)."""
 import importlib.util
 import os
 import sys
@@ -13,9 +14,7 @@ if __name__ == "__main__":
         venv = Path(__file__).resolve().parent / ".venv"
         python = venv / "bin" / "python"
         # Never twice: a venv whose install failed lacks them too.
-        if python.exists() and Path(sys.executable) != python and Path(sys.prefix).resolve() != venv.resolve():
+        if os.access(python, os.X_OK) and Path(sys.executable) != python and Path(sys.prefix).resolve() != venv:
             os.execv(python, [str(python), __file__, *sys.argv[1:]])
-        sys.exit(f"ias: {sys.executable} lacks iAs's dependencies (psycopg, openai): run `make` in "
-                 f"{Path(__file__).resolve().parent} first (it makes .venv), then run ias.py again")
     from ias.cli import run
     run()

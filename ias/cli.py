@@ -29,6 +29,7 @@ from .service import DEFAULT_DATA_DIR, DEFAULT_USER
 log = logging.getLogger("ias")
 
 PR_SET_DUMPABLE = 4          # <linux/prctl.h>
+DEPENDENCIES = ("psycopg", "openai")        # pyproject's; missing: the interpreter is not the venv's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -225,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except Exception as exc:            # the last resort: every known case is handled where it happens
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in DEPENDENCIES:
+            print(f"ias: {exc.name} is not installed for {sys.executable}: run `make` first (it makes .venv with "
+                  "what iAs needs), then python ias.py …", file=sys.stderr)
+            return 1                    # run outside the venv, which ias.py could not run instead
         log.debug("internal error", exc_info=True)
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)

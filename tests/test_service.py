@@ -1,7 +1,6 @@
 """`ias service install`: the unit it writes verifies with systemd-analyze (paths pointed at this checkout), and
 installing runs the steps in order through an injected runner, so the test never changes the machine."""
 import io
-import os
 import pwd
 import shutil
 import subprocess
