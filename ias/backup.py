@@ -33,7 +33,7 @@ from .config import Config, absolute
 from .errors import IasError
 from .limits import BACKUP_TIMEOUT, RESTORE_PROBLEMS_SHOWN
 from .pgcluster import SYSTEM_BINDIRS, find_bindir
-from .store import objects
+from .store import objects, without_password
 
 MAGIC = b"PGDMP"                        # the first bytes of every custom-format dump
 
@@ -42,19 +42,29 @@ class BackupError(IasError):
     """A backup or a restore that could not be made (one line naming why)."""
 
 
-def client_bindir(config: Config, program: str) -> Path:
-    """Where `program` (pg_dump, pg_restore) is: beside the embedded cluster's server, or for
-    IAS_DATABASE_URL the system's (PATH, else the newest under /usr/lib/postgresql)."""
+def client(config: Config, name: str) -> Path:
+    """The program `name` (pg_dump, pg_restore): beside the embedded cluster's server, or for IAS_DATABASE_URL
+    the system's (PATH, else the newest under /usr/lib/postgresql)."""
     if not config.database_url:
-        return find_bindir()
-    found = shutil.which(program)
+        program = find_bindir() / name
+        if not os.access(program, os.X_OK):
+            raise BackupError(f"{program} is missing beside the PostgreSQL server binaries: install the PostgreSQL "
+                              "client programs of the same version")
+        return program
+    found = shutil.which(name)
     if found:
-        return Path(found).resolve().parent
-    for directory in sorted(glob.glob(SYSTEM_BINDIRS), key=lambda d: Path(d).parent.name, reverse=True):
-        if os.access(Path(directory) / program, os.X_OK):
-            return Path(directory)
-    raise BackupError(f"{program} not found on PATH or under {SYSTEM_BINDIRS}: install the PostgreSQL client "
+        return Path(found)
+    for directory in sorted(glob.glob(SYSTEM_BINDIRS), key=_major, reverse=True):
+        if os.access(Path(directory) / name, os.X_OK):
+            return Path(directory) / name
+    raise BackupError(f"{name} not found on PATH or under {SYSTEM_BINDIRS}: install the PostgreSQL client "
                       "(Debian: apt-get install postgresql-client) of the server's version or newer")
+
+
+def _major(bindir: str) -> int:
+    """/usr/lib/postgresql/15/bin → 15 (so 15 sorts after 9)."""
+    name = Path(bindir).parent.name
+    return int(name) if name.isdigit() else 0
 
 
 def default_file(now: datetime, directory: Path) -> Path:
@@ -62,16 +72,20 @@ def default_file(now: datetime, directory: Path) -> Path:
     return directory / f"ias-backup-{now:%Y%m%d-%H%M%S}.dump"
 
 
-def _client(bindir: Path, argv: list[str], what: str) -> None:
-    """Run a PostgreSQL client program; BackupError with its last lines when it fails."""
+def _client(program: Path, args: list[str], dsn: str, what: str) -> None:
+    """Run a PostgreSQL client program on `dsn` (its password in the environment, not on the command line);
+    BackupError with its last lines when it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    dsn, password = without_password(dsn)
+    if password is not None:
+        env["PGPASSWORD"] = password
     try:
-        result = subprocess.run([str(bindir / argv[0]), *argv[1:]], env=env, cwd="/", capture_output=True, text=True,
+        result = subprocess.run([str(program), *args, f"--dbname={dsn}"], env=env, cwd="/", capture_output=True, text=True,
                                 stdin=subprocess.DEVNULL, umask=0o077, timeout=BACKUP_TIMEOUT)
     except subprocess.TimeoutExpired:
-        raise BackupError(f"{what}: {argv[0]} did not finish within {BACKUP_TIMEOUT} s") from None
+        raise BackupError(f"{what}: {program.name} did not finish within {BACKUP_TIMEOUT} s") from None
     except OSError as exc:
-        raise BackupError(f"{what}: cannot run {bindir / argv[0]}: {exc.strerror}") from None
+        raise BackupError(f"{what}: cannot run {program}: {exc.strerror}") from None
     if result.returncode != 0:
         detail = " / ".join(result.stderr.strip().splitlines()[-3:]) or f"exit status {result.returncode}"
         raise BackupError(f"{what} failed: {detail}")
@@ -86,12 +100,12 @@ async def cmd_backup(config: Config, file: str | None, now: datetime | None = No
     cluster = make_cluster(config)
     if cluster is not None and not cluster.initialised():
         raise BackupError(f"no database in {config.data_dir} (IAS_DATA_DIR): nothing to back up")
-    bindir = client_bindir(config, "pg_dump")
+    pg_dump = client(config, "pg_dump")
     partial = target.with_name(f".{target.name}.partial")
     try:
         dsn = config.database_url or start_cluster(config, cluster)
-        _client(bindir, ["pg_dump", "--format=custom", "--no-owner", "--no-privileges", f"--file={partial}",
-                         f"--dbname={dsn}"], "backup")
+        _client(pg_dump, ["--format=custom", "--no-owner", "--no-privileges", f"--file={partial}"], dsn,
+                "backup")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
@@ -113,15 +127,15 @@ async def cmd_restore(config: Config, file: str) -> int:
         raise BackupError(f"cannot read {source}: {exc.strerror}") from None
     had_key = config.key_file.exists()
     cluster = make_cluster(config)
-    bindir = client_bindir(config, "pg_restore")
+    pg_restore = client(config, "pg_restore")
     try:
         dsn = config.database_url or start_cluster(config, cluster)
         if await objects(dsn):
             where = "the database at IAS_DATABASE_URL" if config.database_url else f"the database in {config.data_dir}"
             raise BackupError(f"{where} is not empty: restore only into an empty one (a new IAS_DATA_DIR, or a new "
                               "database), with iAs stopped")
-        _client(bindir, ["pg_restore", "--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction",
-                         f"--dbname={dsn}", str(source)], "restore")
+        _client(pg_restore, ["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction",
+                         str(source)], dsn, "restore")
         async with open_store(config, cluster) as store:      # migrations bring an older backup up to date
             verdict = await anchor(store)
     finally:

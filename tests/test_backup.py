@@ -4,13 +4,18 @@ history and the audit log, which verifies there; a non-empty database is refused
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
+import uuid
 from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
 
 from ias.pgcluster import Cluster, find_bindir
 from tests.e2e_support import ECHO, STEP, Copy, EchoLLM, llm_env
-from tests.support import slow
+from tests.support import REPO, server_dsn, slow
 
 
 @slow
@@ -108,6 +113,50 @@ class BackupTest(unittest.TestCase):
         self.assertFalse((empty / "pg").exists(), "a backup made a cluster")
         for result in (again, bad, nothing):
             self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+
+
+@slow
+class DatabaseUrlTest(unittest.TestCase):
+    """With IAS_DATABASE_URL: the system's pg_dump and pg_restore, a new database as the empty one."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-backup-url-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def database(self) -> str:
+        name = "ias_backup_" + uuid.uuid4().hex[:10]
+        with psycopg.connect(server_dsn(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        self.addCleanup(self.drop, name)
+        return make_conninfo(server_dsn(), dbname=name)
+
+    @staticmethod
+    def drop(name: str) -> None:
+        with psycopg.connect(server_dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def ias(self, dsn: str, data_dir: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))}
+        done = subprocess.run([sys.executable, str(REPO / "ias.py"), *args], capture_output=True, text=True,
+                              cwd=self.tmp, timeout=STEP, env={**env, "IAS_DATABASE_URL": dsn,
+                                                               "IAS_DATA_DIR": str(data_dir)})
+        self.assertEqual(done.returncode, code, done.stdout + done.stderr)
+        return done
+
+    def test_backup_and_restore_into_a_new_database(self):
+        source, target = self.database(), self.database()
+        first, second = self.tmp / "first", self.tmp / "second"
+        self.ias(source, first, "tasks", "add", "--name", "周报", "--schedule", "every 7d", "--text", "写周报")
+        self.ias(source, first, "run", "get_current_datetime", "{}")
+        self.ias(source, first, "backup", str(self.tmp / "url.dump"))
+        second.mkdir()
+        shutil.copy2(first / "secret.key", second / "secret.key")
+        restored = self.ias(target, second, "restore", str(self.tmp / "url.dump"))
+        self.assertIn("chain intact", restored.stdout)
+        self.assertIn("周报: 写周报", self.ias(target, second, "tasks", "list").stdout)
+        self.assertIn("chain intact", self.ias(target, second, "audit", "--verify").stdout)
+        refused = self.ias(source, first, "restore", str(self.tmp / "url.dump"), code=1)
+        self.assertIn("the database at IAS_DATABASE_URL is not empty", refused.stderr)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,18 @@ async def _close_quietly(conn: psycopg.AsyncConnection) -> None:
         log.warning("closing an idle database connection failed: %s", first_line(exc))
 
 
+def without_password(dsn: str) -> tuple[str, str | None]:
+    """`dsn` without its password, and the password: for a client program, which gets the password in its
+    environment (PGPASSWORD), never on its command line (which every local user can read)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise StoreError(f"invalid database connection string: {first_line(exc)}") from None
+    password = params.pop("password", None)
+    return make_conninfo(**params), None if password is None else str(password)
+
+
 async def objects(dsn: str) -> int:
     """How many relations and functions the database at `dsn` holds outside PostgreSQL's own schemas:
     0 is an empty database, the only kind `ias restore` restores into (no migration is applied here)."""
