@@ -18,6 +18,7 @@ newer PostgreSQL than the pg_restore at hand; backups on a schedule (cron `ias b
 """
 from __future__ import annotations
 
+import getpass
 import glob
 import os
 import shutil
@@ -97,6 +98,9 @@ async def cmd_backup(config: Config, file: str | None, now: datetime | None = No
         raise BackupError(f"{target} exists: name another file")
     if not target.parent.is_dir():
         raise BackupError(f"{target.parent} is not a directory")
+    if not os.access(target.parent, os.W_OK | os.X_OK):        # e.g. run as the service's user in its checkout
+        raise BackupError(f"cannot write in {target.parent} as {getpass.getuser()}: name a file where it can, e.g. "
+                          f"{default_file(now or SYSTEM.now(), config.data_dir)}")
     cluster = make_cluster(config)
     if cluster is not None and not cluster.initialised():
         raise BackupError(f"no database in {config.data_dir} (IAS_DATA_DIR): nothing to back up")

@@ -1,7 +1,8 @@
 """Command line: `python ias.py [--config PATH] [COMMAND …]`; `main(argv) -> exit code`.
 
-Parsing and dispatch only: the commands are `commands` (one function each) and `doctor`, the
-daemon `daemon`, `--once` `oneoff`; nothing is built here. Commands that need no LLM never
+Parsing and dispatch only: the commands are `commands` (one function each), `doctor`, `backup`
+(backup, restore) and `service` (service install), the daemon `daemon`, `--once` `oneoff`; which
+data directory a command uses, and as whom, is `datadir`'s; nothing is built here. Commands that need no LLM never
 import `openai` (cold start matters for scripted use), so the heavier modules are imported
 inside the command functions.
 

@@ -14,20 +14,16 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from ias.pgcluster import Cluster, find_bindir
-from tests.e2e_support import ECHO, STEP, Copy, EchoLLM, llm_env
+from tests.e2e_support import ECHO, STEP, EchoLLM, llm_env
+from tests.test_e2e import E2ETestCase
 from tests.support import REPO, server_dsn, slow
 
 
-@slow
-class BackupTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.copy = Copy()
-        cls.addClassCleanup(cls.copy.remove)
+class BackupTest(E2ETestCase):
+    """A fresh copy of the repository run as the README says (tests/e2e_support.py)."""
 
     def setUp(self):
-        self.copy.reset()
-        self.addCleanup(self.copy.reset)
+        super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-restore-"))
         os.chmod(self.tmp, 0o755)                       # as root, the embedded server runs as `postgres`
         self.addCleanup(shutil.rmtree, self.tmp, True)
