@@ -27,14 +27,14 @@ from . import config as config_module
 from .config import REPO_ROOT, Config, absolute
 from .errors import ConfigError
 from .pgcluster import unreachable
-from .service import UNIT_PATH
+from . import service
 
 log = logging.getLogger(__name__)
 
 DEFAULT = "var"                         # Config's default data directory, relative to the working directory
 
 
-def service_data_dir(unit_path: Path = UNIT_PATH, repo: Path = REPO_ROOT) -> Path | None:
+def service_data_dir(unit_path: Path, repo: Path = REPO_ROOT) -> Path | None:
     """The data directory of the service installed for the checkout `repo`, or None (no unit, another checkout's)."""
     try:
         text = unit_path.read_text(encoding="utf-8")
@@ -53,11 +53,12 @@ def service_data_dir(unit_path: Path = UNIT_PATH, repo: Path = REPO_ROOT) -> Pat
 
 
 def locate(config: Config, path: str | None, environ: Mapping[str, str] = os.environ,
-           unit_path: Path = UNIT_PATH) -> Config:
-    """`config`, or, when its data directory is the default and this checkout is installed as a service, the
-    config loaded again with the service's data directory."""
+           unit_path: Path | None = None) -> Config:
+    """`config`, or, when its data directory is the default and this checkout is installed as a service (the unit
+    at `unit_path`, by default service.UNIT_PATH), the config loaded again with the service's data directory."""
     if environ.get("IAS_DATA_DIR", "").strip() or config.data_dir != absolute(DEFAULT):
         return config
+    unit_path = service.UNIT_PATH if unit_path is None else unit_path
     found = service_data_dir(unit_path, config.repo_root)
     if found is None:
         return config

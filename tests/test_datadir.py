@@ -1,5 +1,7 @@
 """Which data directory a command uses: the installed service's when run from its checkout with the default,
 and one line naming the directory when this user cannot use it; root becomes the directory's owner."""
+import io
+import json
 import os
 import pwd
 import shutil
@@ -7,9 +9,11 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from contextlib import redirect_stdout
 from pathlib import Path
+from unittest import mock
 
-from ias import config as config_module
+from ias import cli, config as config_module
 from ias.datadir import check, locate, service_data_dir
 from ias.errors import ConfigError
 from ias.service import TEMPLATE, render, service
@@ -46,6 +50,21 @@ class LocateTest(unittest.TestCase):
         (self.tmp / "ias.toml").write_text('data_dir = "/srv/elsewhere"\n')
         env = {"PATH": os.environ["PATH"]}
         self.assertEqual(locate(config_module.load(None, env), None, env, self.unit).data_dir, Path("/srv/elsewhere"))
+
+
+    def test_a_command_run_in_the_checkout_uses_the_service_s_data_directory(self):
+        """Through the command line, as an admin runs `ias skills` in /opt/ias: the listing's cache is written in
+        the service's data directory, and no ./var is made."""
+        data_dir = self.tmp / "service-data"
+        data_dir.mkdir()
+        self.unit.write_text(render(TEMPLATE.read_text(), service("ias", data_dir, REPO)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IAS_")}
+        with mock.patch("ias.service.UNIT_PATH", self.unit), mock.patch.dict(os.environ, env, clear=True), \
+                redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(cli.main(["skills", "--json"]), 0)
+        self.assertTrue(json.loads(out.getvalue()))
+        self.assertTrue((data_dir / "skills.cache.json").exists(), list(data_dir.iterdir()))
+        self.assertFalse((self.tmp / "var").exists())
 
 
 class CheckTest(unittest.TestCase):
