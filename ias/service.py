@@ -173,14 +173,15 @@ def install(svc: Service, *, unit_path: Path = UNIT_PATH, run: Callable[[list[st
 
 
 def next_steps(svc: Service, name: str) -> list[str]:
-    run_as = f"cd {svc.repo} && sudo -u {svc.user} IAS_DATA_DIR={svc.data_dir} .venv/bin/python ias.py"
+    run_as = f"cd {svc.repo} && sudo -u {svc.user} env IAS_DATA_DIR={svc.data_dir} .venv/bin/ias"
     return [
         "next:",
         f"  1. the LLM, unless set already: {run_as} setup   (writes {svc.env_file})",
         f"  2. WeChat: {run_as} wechat login",
         f"  3. systemctl restart {name}   (then: systemctl status {name}; journalctl -u {name} -f)",
         f"user skills: {svc.repo / 'skills'}/NAME/SKILL.md (the service reads them, ProtectSystem=strict lets it "
-        f"write only {svc.data_dir}); or set IAS_SKILLS_DIR in {svc.env_file} to a directory of your choice",
+        f"write only {svc.data_dir}); or set IAS_SKILLS_DIR in {svc.env_file} to another directory {svc.user} can "
+        f"read, outside {svc.data_dir} (a skill may not reach the data directory)",
         f"admin commands run from {svc.repo} (as root too) use {svc.data_dir}, as the service's user",
     ]
 
