@@ -15,12 +15,13 @@ under /home or /root, which ProtectHome=yes hides from the service (refused).
 """
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -49,6 +50,7 @@ class Service:
     repo: Path
     user: str
     data_dir: Path
+    group: str | None = None            # the user's primary group; None: a group named as the user (useradd's)
 
     @property
     def python(self) -> Path:
@@ -60,9 +62,10 @@ class Service:
 
 
 def service(user: str = DEFAULT_USER, data_dir: str | os.PathLike = DEFAULT_DATA_DIR,
-            repo: Path = REPO_ROOT) -> Service:
-    """The service for this checkout, its paths checked: absolute, plain, not hidden by ProtectHome."""
-    found = Service(absolute(repo), user, absolute(data_dir))
+            repo: Path = REPO_ROOT, lookup: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> Service:
+    """The service for this checkout, its paths checked: absolute, plain, not hidden by ProtectHome; an existing
+    user's primary group found."""
+    found = Service(absolute(repo), user, absolute(data_dir), _group(user, lookup))
     if not user or not all(c.isalnum() or c in "_-." for c in user) or user[0] == "-":
         raise ServiceError(f"not a user name: {user!r}")
     for what, path in (("checkout", found.repo), ("data directory", found.data_dir)):
@@ -74,11 +77,18 @@ def service(user: str = DEFAULT_USER, data_dir: str | os.PathLike = DEFAULT_DATA
     return found
 
 
+def _group(user: str, lookup: Callable[[str], pwd.struct_passwd]) -> str | None:
+    try:
+        return grp.getgrgid(lookup(user).pw_gid).gr_name
+    except (KeyError, ValueError):      # no such user (yet), or a group without a name
+        return None
+
+
 def render(template: str, svc: Service) -> str:
     """The unit for `svc`: the template's settings that name paths or the user replaced, the rest kept."""
     values = {
         "Documentation": f"file://{svc.repo}/README.md",
-        "User": svc.user, "Group": svc.user,
+        "User": svc.user, "Group": svc.group or svc.user,
         "WorkingDirectory": str(svc.repo),
         "ExecStart": f"{svc.python} {svc.repo / 'ias.py'}",
         "EnvironmentFile": f"-{svc.env_file}",
@@ -140,6 +150,7 @@ def install(svc: Service, *, unit_path: Path = UNIT_PATH, run: Callable[[list[st
              "--shell", "/usr/sbin/nologin", svc.user])
         entry = lookup(svc.user)
         out(f"created the system user {svc.user}")
+        svc = replace(svc, group=_group(svc.user, lookup))
     closed = unreachable(svc.repo, entry.pw_uid, os.getgrouplist(svc.user, entry.pw_gid))
     if closed is not None:
         raise ServiceError(f"the user {svc.user} cannot reach the checkout {svc.repo} ({closed} is closed to it): "

@@ -1,5 +1,6 @@
 """`ias service install`: the unit it writes verifies with systemd-analyze (paths pointed at this checkout), and
 installing runs the steps in order through an injected runner, so the test never changes the machine."""
+import grp
 import io
 import pwd
 import shutil
@@ -93,7 +94,7 @@ class InstallTest(unittest.TestCase):
         return self.nobody
 
     def test_install_creates_the_user_and_directory_writes_the_unit_and_starts_it(self):
-        svc = service("iasuser", self.tmp / "state", REPO)
+        svc = service("iasuser", self.tmp / "state", REPO, lookup=self.lookup)
         unit = self.tmp / "ias.service"
         install(svc, unit_path=unit, run=self.ran.append, lookup=self.lookup,
                 has=lambda name: "/usr/bin/apt-get" if name == "apt-get" else None,
@@ -111,6 +112,7 @@ class InstallTest(unittest.TestCase):
         self.assertEqual(found["Environment"], [f"IAS_DATA_DIR={self.tmp / 'state'}"])
         self.assertEqual(found["EnvironmentFile"], [f"-{self.tmp / 'state' / 'ias.env'}"])
         self.assertEqual(found["User"], ["iasuser"])
+        self.assertEqual(found["Group"], [grp.getgrgid(self.nobody.pw_gid).gr_name])   # what useradd made
         self.assertEqual(unit.stat().st_mode & 0o777, 0o644)
         done = analyze(unit)
         self.assertEqual(done.returncode, 0, done.stderr)
@@ -125,6 +127,8 @@ class InstallTest(unittest.TestCase):
                 has=lambda name: f"/usr/bin/{name}", has_server=lambda: True, out=self.lines.append)
         self.assertEqual([argv[0] for argv in self.ran], [str(svc.python), "systemctl", "systemctl"])
         self.assertEqual(self.ran[0][-1], f"{REPO}[qr]")
+        found = settings((self.tmp / "ias.service").read_text())
+        self.assertEqual((found["User"], found["Group"]), (["nobody"], [grp.getgrgid(self.nobody.pw_gid).gr_name]))
 
     def test_a_checkout_without_a_venv_is_refused_before_anything_changes(self):
         repo = self.tmp / "checkout"
