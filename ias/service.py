@@ -163,7 +163,11 @@ def install(svc: Service, *, unit_path: Path = UNIT_PATH, run: Callable[[list[st
         if has("apt-get") is None:
             out("bubblewrap (bwrap) is missing and there is no apt-get: install it for the full skill sandbox")
         else:
-            run(["apt-get", "install", "-y", "-qq", "bubblewrap"])
+            try:
+                run(["apt-get", "install", "-y", "-qq", "bubblewrap"])
+            except ServiceError:                    # a fresh machine's package lists may be missing or stale
+                run(["apt-get", "update", "-qq"])
+                run(["apt-get", "install", "-y", "-qq", "bubblewrap"])
             out("installed bubblewrap (the skill sandbox)")
     extras = "qr" if has_server() else "qr,embedded"
     run([str(svc.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e",

@@ -130,6 +130,18 @@ class InstallTest(unittest.TestCase):
         found = settings((self.tmp / "ias.service").read_text())
         self.assertEqual((found["User"], found["Group"]), (["nobody"], [grp.getgrgid(self.nobody.pw_gid).gr_name]))
 
+    def test_apt_get_update_when_bubblewrap_is_not_found_at_first(self):
+        def run(argv):
+            self.ran.append(argv)
+            if argv[:2] == ["apt-get", "install"] and ["apt-get", "update", "-qq"] not in self.ran:
+                raise ServiceError("`apt-get install` failed: Unable to locate package bubblewrap")
+        install(service("nobody", self.tmp / "state", REPO), unit_path=self.tmp / "ias.service", run=run,
+                lookup=pwd.getpwnam, has=lambda name: "/usr/bin/apt-get" if name == "apt-get" else None,
+                has_server=lambda: True, out=self.lines.append)
+        self.assertEqual([argv[:2] for argv in self.ran[:3]],
+                         [["apt-get", "install"], ["apt-get", "update"], ["apt-get", "install"]])
+        self.assertIn("installed bubblewrap (the skill sandbox)", self.lines)
+
     def test_a_checkout_without_a_venv_is_refused_before_anything_changes(self):
         repo = self.tmp / "checkout"
         repo.mkdir()
