@@ -72,11 +72,41 @@ def _nearest(path: Path) -> Path:
     return path
 
 
-def check(config: Config, *, euid: int | None = None,
-          become: Callable[[pwd.struct_passwd, Config], None] | None = None) -> None:
+def named(config_path: str | None, environ: Mapping[str, str] = os.environ,
+          unit_path: Path | None = None) -> Path | None:
+    """The data directory known before the config is read (the env file read with it lives there): IAS_DATA_DIR,
+    else, with no ias.toml in play, the installed service's; None: ias.toml or the default decides."""
+    given = environ.get("IAS_DATA_DIR", "").strip()
+    if given:
+        return absolute(given)
+    if config_path or environ.get("IAS_CONFIG", "").strip() or Path("ias.toml").exists():
+        return None
+    return service_data_dir(service.UNIT_PATH if unit_path is None else unit_path)
+
+
+def act_as_owner(directory: Path | None, *, euid: int | None = None,
+                 become: Callable[[pwd.struct_passwd, Path], None] | None = None) -> None:
+    """As root on an existing data directory another user owns (the service's): `become` that user (by default:
+    exec this command again as the owner) before anything there is read: its env file is refused to others."""
+    euid = os.geteuid() if euid is None else euid
+    if directory is None or euid != 0 or not directory.is_dir():
+        return
+    owner = directory.stat().st_uid
+    if owner == 0:
+        return
+    try:
+        entry = pwd.getpwuid(owner)
+    except KeyError:
+        raise ConfigError(f"the data directory {directory} belongs to uid {owner}, which has no user name: "
+                          "chown it to the service's user") from None
+    (become or become_owner)(entry, directory)
+
+
+def check(directory: Path, *, euid: int | None = None,
+          become: Callable[[pwd.struct_passwd, Path], None] | None = None) -> None:
     """Make sure this process may use the data directory: ConfigError (one line) when not; as root on a directory
-    another user owns, `become` that user (by default: exec this command again as the owner)."""
-    directory = config.data_dir
+    another user owns, `act_as_owner`. Called before the config is read (for the directory `named`, whose env file
+    it reads) and after (for the one it settled on)."""
     euid = os.geteuid() if euid is None else euid
     me = _name(euid)
     if not directory.exists():
@@ -85,17 +115,9 @@ def check(config: Config, *, euid: int | None = None,
             raise ConfigError(f"the data directory {directory} does not exist and {me} cannot create it in {base}: "
                               f"create it (sudo install -d -m 700 -o {me} {directory}), or set IAS_DATA_DIR")
         return
-    owner = directory.stat().st_uid
-    if euid == 0 and owner != 0:
-        try:
-            entry = pwd.getpwuid(owner)
-        except KeyError:
-            raise ConfigError(f"the data directory {directory} belongs to uid {owner}, which has no user name: "
-                              "chown it to the service's user") from None
-        (become or become_owner)(entry, config)
-        return
-    if not os.access(directory, os.W_OK | os.X_OK):
-        owner_name = _name(owner)
+    act_as_owner(directory, euid=euid, become=become)
+    if euid != 0 and not os.access(directory, os.W_OK | os.X_OK):
+        owner_name = _name(directory.stat().st_uid)
         raise ConfigError(f"the data directory {directory} belongs to {owner_name}, not writable by {me}: run the "
                           f"command as {owner_name} (sudo -u {owner_name} …), or set IAS_DATA_DIR")
 
@@ -107,7 +129,7 @@ def _name(uid: int) -> str:
         return str(uid)
 
 
-def become_owner(entry: pwd.struct_passwd, config: Config) -> None:
+def become_owner(entry: pwd.struct_passwd, directory: Path) -> None:
     """Exec this very command again as `entry`'s user (its groups, the same environment and data directory)."""
     script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] not in ("", "-c") else None
     setpriv = shutil.which("setpriv")
@@ -116,11 +138,11 @@ def become_owner(entry: pwd.struct_passwd, config: Config) -> None:
         unreachable(script.parent, entry.pw_uid, groups) if script else None)
     if setpriv is None or script is None or closed is not None:
         why = f"{closed} is closed to it" if closed is not None else "setpriv (util-linux) is missing"
-        raise ConfigError(f"the data directory {config.data_dir} belongs to {entry.pw_name}: run the command as "
+        raise ConfigError(f"the data directory {directory} belongs to {entry.pw_name}: run the command as "
                           f"{entry.pw_name} (sudo -u {entry.pw_name} …; running it as that user here failed: {why})")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(setpriv, [setpriv, f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
                         sys.executable, str(script), *sys.argv[1:]],
-              {**os.environ, "IAS_DATA_DIR": str(config.data_dir), "HOME": entry.pw_dir, "USER": entry.pw_name,
+              {**os.environ, "IAS_DATA_DIR": str(directory), "HOME": entry.pw_dir, "USER": entry.pw_name,
                "LOGNAME": entry.pw_name})

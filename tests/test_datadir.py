@@ -14,7 +14,7 @@ from pathlib import Path
 from unittest import mock
 
 from ias import cli, config as config_module
-from ias.datadir import check, locate, service_data_dir
+from ias.datadir import check, locate, named, service_data_dir
 from ias.errors import ConfigError
 from ias.service import TEMPLATE, render, service
 from tests.support import REPO, slow
@@ -52,6 +52,14 @@ class LocateTest(unittest.TestCase):
         self.assertEqual(locate(config_module.load(None, env), None, env, self.unit).data_dir, Path("/srv/elsewhere"))
 
 
+    def test_the_directory_named_before_the_config_is_read(self):
+        self.assertEqual(named(None, {"IAS_DATA_DIR": "/srv/x"}, self.unit), Path("/srv/x"))
+        self.assertEqual(named(None, {}, self.unit), Path("/var/lib/ias-test"))
+        self.assertIsNone(named("my.toml", {}, self.unit))                  # ias.toml may name another one
+        self.assertIsNone(named(None, {"IAS_CONFIG": "my.toml"}, self.unit))
+        (self.tmp / "ias.toml").write_text("")
+        self.assertIsNone(named(None, {}, self.unit))
+
     def test_a_command_run_in_the_checkout_uses_the_service_s_data_directory(self):
         """Through the command line, as an admin runs `ias skills` in /opt/ias: the listing's cache is written in
         the service's data directory, and no ./var is made."""
@@ -73,17 +81,14 @@ class CheckTest(unittest.TestCase):
         os.chmod(self.tmp, 0o755)
         self.addCleanup(shutil.rmtree, self.tmp, True)
 
-    def config(self, directory: Path):
-        return config_module.load(None, {"PATH": os.environ["PATH"], "IAS_DATA_DIR": str(directory)})
-
     def test_root_on_a_directory_another_user_owns_becomes_that_user(self):
         directory = self.tmp / "data"
         directory.mkdir()
         os.chown(directory, NOBODY.pw_uid, NOBODY.pw_gid)
         became = []
-        check(self.config(directory), euid=0, become=lambda entry, config: became.append(entry.pw_name))
+        check(directory, euid=0, become=lambda entry, directory: became.append(entry.pw_name))
         self.assertEqual(became, ["nobody"])
-        check(self.config(self.tmp), euid=0, become=lambda entry, config: became.append(entry.pw_name))
+        check(self.tmp, euid=0, become=lambda entry, directory: became.append(entry.pw_name))
         self.assertEqual(became, ["nobody"])                # root's own directory: nothing to become
 
     def as_nobody(self, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -113,14 +118,19 @@ class CheckTest(unittest.TestCase):
         directory.mkdir()
         os.chown(directory, 54321, 54321)
         with self.assertRaises(ConfigError) as caught:
-            check(self.config(directory), euid=0, become=lambda entry, config: None)
+            check(directory, euid=0, become=lambda entry, directory: None)
         self.assertIn("uid 54321", str(caught.exception))
 
     @slow
     def test_a_command_run_as_root_runs_as_the_owner_of_the_data_directory(self):
+        """Before its env file is read: one that belongs to the service's user is refused to anyone else."""
         directory = self.tmp / "data"
         directory.mkdir(mode=0o700)
-        os.chown(directory, NOBODY.pw_uid, NOBODY.pw_gid)
+        env_file = directory / "ias.env"
+        env_file.write_text("IAS_MODEL=from-the-env-file\n")
+        os.chmod(env_file, 0o600)
+        for path in (directory, env_file):
+            os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))}
         done = subprocess.run([sys.executable, str(REPO / "ias.py"), "skills", "--json"], cwd=self.tmp,
                               env={**env, "IAS_DATA_DIR": str(directory)}, capture_output=True, text=True,
@@ -129,6 +139,7 @@ class CheckTest(unittest.TestCase):
         written = list(directory.iterdir())
         self.assertTrue(written, "the command wrote nothing in the data directory")
         self.assertEqual({path.stat().st_uid for path in written}, {NOBODY.pw_uid}, written)
+        self.assertGreater(len(written), 1, "only the env file is there")
 
 
 if __name__ == "__main__":
