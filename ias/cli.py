@@ -186,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "service":
             from .service import cmd_service
             return cmd_service(args)
-        early = datadir.named(args.config)
-        if early is not None:
-            datadir.check(early)            # before its env file is read (as root: become the service's user)
+        datadir.before_config(args.config)     # as root: the service's user, before its env file is read
         config = datadir.locate(config_module.load(args.config), args.config)
         datadir.check(config.data_dir)
         if args.command in ("backup", "restore"):

@@ -84,6 +84,14 @@ def named(config_path: str | None, environ: Mapping[str, str] = os.environ,
     return service_data_dir(service.UNIT_PATH if unit_path is None else unit_path)
 
 
+def before_config(config_path: str | None) -> None:
+    """`check` the data directory `named` before the config is read, when it exists: its env file is read with the
+    config (a missing one is checked after, with the directory the config settles on)."""
+    directory = named(config_path)
+    if directory is not None and directory.exists():
+        check(directory)
+
+
 def act_as_owner(directory: Path | None, *, euid: int | None = None,
                  become: Callable[[pwd.struct_passwd, Path], None] | None = None) -> None:
     """As root on an existing data directory another user owns (the service's): `become` that user (by default:
