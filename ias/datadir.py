@@ -7,7 +7,9 @@ data_dir in ias.toml), a command uses the service's data directory (the unit's
 data directory another user owns (the service's) becomes that user first (`setpriv`, an exec, not
 a child), so that everything it writes there is the service's; where that cannot work, one line
 says to use `sudo -u USER`. A data directory that is missing and cannot be made, or that this user
-cannot write, is one line naming it and what to do (never `Permission denied` on pg.lock).
+cannot write, is one line naming it and what to do (never `Permission denied` on pg.lock). An
+existing directory is checked before the config is read, since the env file read with it lives
+there and is refused to anyone but its owner.
 
 Not handled: a unit installed elsewhere or written by hand (set IAS_DATA_DIR); several services
 run from one checkout (the unit at UNIT_PATH wins); root's environment is kept across the switch
@@ -23,11 +25,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from . import config as config_module
+from . import config as config_module, service
 from .config import REPO_ROOT, Config, absolute
 from .errors import ConfigError
 from .pgcluster import unreachable
-from . import service
 
 log = logging.getLogger(__name__)
 
