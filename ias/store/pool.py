@@ -1,5 +1,6 @@
 """Connections: a small pool of autocommit connections, idle ones closed after a while, the
-dedicated LISTEN connection, reconnecting after an outage, closing.
+dedicated LISTEN connection, reconnecting after an outage, closing; and for `ias backup`/`restore`,
+whether a database is empty and a connection string's password set apart for a client program.
 
 Not handled: a connection's health between uses (one that broke while idle fails its next
 query, with StoreError, and is closed then), and limiting how many clients the server takes.
