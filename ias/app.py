@@ -48,7 +48,7 @@ async def open_store(config: Config, cluster: Cluster | None = None, *,
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.cluster_dir)
-        dsn = cluster.start()
+        dsn = start_cluster(config, cluster)
     try:
         store = await Store.open(dsn, chain=chain, supervisor=supervisor)
         try:
@@ -58,6 +58,20 @@ async def open_store(config: Config, cluster: Cluster | None = None, *,
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def make_cluster(config: Config) -> Cluster | None:
+    """The embedded cluster in the data directory, or None when IAS_DATABASE_URL names the database."""
+    return None if config.database_url else Cluster(config.cluster_dir)
+
+
+def start_cluster(config: Config, cluster: Cluster) -> str:
+    """Start (or join) the embedded cluster; one stderr line first when it is about to be created, naming the data
+    directory, so that a command run from the wrong place never silently makes a second, empty database."""
+    if not cluster.initialised():
+        print(f"ias: no database in {config.data_dir} yet: creating one there (set IAS_DATA_DIR to use another "
+              "data directory)", file=sys.stderr)
+    return cluster.start()
 
 
 @dataclass(frozen=True, slots=True)

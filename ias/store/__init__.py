@@ -26,13 +26,15 @@ from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
+from .pool import objects, without_password
 from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task
 from .tasks import Tasks
 from .values import TOO_DEEP, storable
 
 # The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
 __all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
-           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK"]
+           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
+           "without_password"]
 
 # What `prune_history` removes (older than its parameter and settled), per table.
 _PRUNABLE = {

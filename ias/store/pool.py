@@ -1,5 +1,6 @@
 """Connections: a small pool of autocommit connections, idle ones closed after a while, the
-dedicated LISTEN connection, reconnecting after an outage, closing.
+dedicated LISTEN connection, reconnecting after an outage, closing; and for `ias backup`/`restore`,
+whether a database is empty and a connection string's password set apart for a client program.
 
 Not handled: a connection's health between uses (one that broke while idle fails its next
 query, with StoreError, and is closed then), and limiting how many clients the server takes.
@@ -117,3 +118,30 @@ async def _close_quietly(conn: psycopg.AsyncConnection) -> None:
         await conn.close()
     except (psycopg.Error, OSError) as exc:
         log.warning("closing an idle database connection failed: %s", first_line(exc))
+
+
+def without_password(dsn: str) -> tuple[str, str | None]:
+    """`dsn` without its password, and the password: for a client program, which gets the password in its
+    environment (PGPASSWORD), never on its command line (which every local user can read)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise StoreError(f"invalid database connection string: {first_line(exc)}") from None
+    password = params.pop("password", None)
+    return make_conninfo(**params), None if password is None else str(password)
+
+
+async def objects(dsn: str) -> int:
+    """How many relations and functions the database at `dsn` holds outside PostgreSQL's own schemas:
+    0 is an empty database, the only kind `ias restore` restores into (no migration is applied here)."""
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%') "
+                "     + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%')")
+            return (await cur.fetchone())[0]
+    except psycopg.OperationalError as exc:
+        raise StoreError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
