@@ -87,7 +87,7 @@ def _group(user: str, lookup: Callable[[str], pwd.struct_passwd]) -> str | None:
 def render(template: str, svc: Service) -> str:
     """The unit for `svc`: the template's settings that name paths or the user replaced, the rest kept."""
     values = {
-        "Documentation": f"file://{svc.repo}/README.md",
+        "Documentation": f"file://{svc.repo}/docs/operations.md",
         "User": svc.user, "Group": svc.group or svc.user,
         "WorkingDirectory": str(svc.repo),
         "ExecStart": f"{svc.python} {svc.repo / 'ias.py'}",
