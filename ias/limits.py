@@ -144,6 +144,8 @@ CLUSTER_HANDOVER = 1.0              # seconds after such a server exits for a re
 CLUSTER_POLL = 0.05                 # seconds between looks at a server someone else is starting or stopping
 CLUSTER_MAX_WAL = "256MB"           # max_wal_size: WAL kept between checkpoints (SPEC: at most 256 MB)
 CLUSTER_MIN_WAL = "32MB"            # min_wal_size: WAL recycled in advance
+CLUSTER_LINGER = 30.0              # seconds the embedded server stays up after its last user left: IAS_PG_LINGER (0: stop at once)
+CLUSTER_LINGER_MAX = 3600           # seconds; a longer IAS_PG_LINGER is a configuration error
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
 # MCP servers (ias/mcp/)

@@ -106,6 +106,7 @@ class LLM:
         self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
         self._client = None
         self._first = asyncio.Lock()        # one import and one client, however many turns start at once
+        self._warming: asyncio.Future | None = None
         self.model = model
         self.retry_delays = retry_delays
         self.timeout = timeout          # seconds per attempt in all; the SDK's own timeout is per read
@@ -117,6 +118,12 @@ class LLM:
             import openai
             self._client = openai.AsyncOpenAI(**self._settings)
         return self._client
+
+    def warm(self) -> None:
+        """Begin importing `openai` and making the client in a worker thread now (`--once`, where a request
+        is certain), not on the first request."""
+        if self._warming is None and self._client is None:
+            self._warming = asyncio.ensure_future(self._loaded_client())
 
     async def _loaded_client(self):
         """The SDK client; on first use `openai` is imported and the client made in a worker thread."""

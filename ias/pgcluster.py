@@ -13,11 +13,15 @@ link planted there would lead anywhere): its files are written by a child runnin
 Sharing: every process that uses the cluster holds a shared flock on `<datadir>.users` for as
 long as it does; starting and stopping are serialised by an exclusive flock on `<datadir>.lock`.
 A process that is done drops its share and, under the start lock, tries to take the users lock
-exclusively: only when that succeeds is nobody else using the server, and it is stopped. A
-killed process (kill -9 included) drops its share with its descriptors, so it never keeps the
-server up for good — but a server whose last user was killed keeps running until the next user
-exits. A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a
-postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
+exclusively: only when that succeeds is nobody else using the server. Then the server lingers
+(IAS_PG_LINGER seconds, so that the next command of a script finds it running): the last user
+writes a mark in `<datadir>.idle` and leaves a small detached reaper (sh and sleep, then
+`python -m ias.pgcluster`), which after the linger stops the server if nobody uses it and no later
+user left a newer mark; linger 0 stops it at once. A killed process (kill -9 included) drops its
+share with its descriptors, so it never keeps the server up for good — but a server whose last
+user was killed while no reaper was waiting keeps running until the next user exits. `begin`
+starts (or joins) the server in a thread, so a command imports and loads meanwhile.
+A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
 runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
 start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
 Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
@@ -36,6 +40,8 @@ import os
 import pwd
 import secrets
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -51,6 +57,7 @@ PORT = 5432
 SOCKET_PATH_MAX = 107          # sun_path limit on Linux, including the socket file name
 SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
 SYSTEM_BINDIRS = "/usr/lib/postgresql/*/bin"
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent    # where `python -m ias.pgcluster` finds the package
 INSTALL_HINT = ("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH, under "
                 f"{SYSTEM_BINDIRS} or in the pgserver wheel: install PostgreSQL (Debian: apt-get install "
                 "postgresql), or the wheel (pip install '.[embedded]', or pip install pgserver), "
@@ -156,14 +163,19 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
 class Cluster:
     """One PostgreSQL data directory, shared with every other iAs process that uses it."""
 
-    def __init__(self, datadir: Path, *, fsync: bool = True, bindir: Path | None = None):
+    def __init__(self, datadir: Path, *, fsync: bool = True, bindir: Path | None = None, linger: float = 0):
         self.datadir = Path(datadir).resolve()
         self.fsync = fsync
         self.bindir = bindir
+        self.linger = linger                # seconds the server stays up after its last user left
         self._user: str | None = "postgres" if os.geteuid() == 0 else None
         self.passfile = self._sibling(".password")
+        self.idle_file = self._sibling(".idle")     # the last user's mark: which reaper may stop the server
         self._users = FileLock(self._sibling(".users"))
         self._start_lock = FileLock(self._sibling(".lock"))
+        self._guard = threading.Lock()      # this process's start, stop and early start, one at a time
+        self._early: threading.Thread | None = None
+        self._early_error: BaseException | None = None
 
     def _sibling(self, suffix: str) -> Path:
         """A file next to the data directory, in the daemon's own directory (never the server's)."""
@@ -269,22 +281,48 @@ class Cluster:
         return (found is not None and found[1] == "ready" and _alive_postgres(found[0])
                 and (self.datadir / f".s.PGSQL.{PORT}").exists())
 
+    def begin(self) -> None:
+        """Start (or join) the server in a background thread while the caller goes on importing and loading;
+        `start` then waits for it and raises what it raised, `stop` waits for it too."""
+        if self._early is None:
+            self._early = threading.Thread(target=self._start_early, name="ias-cluster-start", daemon=True)
+            self._early.start()
+
+    def _start_early(self) -> None:
+        try:
+            self.start()
+        except BaseException as exc:            # handed to the caller's own start
+            self._early_error = exc
+
+    def _settle(self) -> BaseException | None:
+        """Wait for an early start (from any other thread); its error, once."""
+        early = self._early
+        if early is None or early is threading.current_thread():
+            return None
+        early.join()
+        error, self._early_error = self._early_error, None
+        return error
+
     def start(self) -> str:
         """Use the cluster: create it if needed, start it unless it already runs; return its DSN.
 
         Idempotent and cheap while this process uses a running server; called again after the
         server died, it starts it again.
         """
-        if self._users.held and self.running():
-            return self.dsn
-        with self._start_lock:
-            joined = self._users.acquire(shared=True) if not self._users.held else False
-            try:
-                self._ensure_running()
-            except BaseException:
-                if joined:
-                    self._users.release()
-                raise
+        error = self._settle()
+        if error is not None:
+            raise error
+        with self._guard:
+            if self._users.held and self.running():
+                return self.dsn
+            with self._start_lock:
+                joined = self._users.acquire(shared=True) if not self._users.held else False
+                try:
+                    self._ensure_running()
+                except BaseException:
+                    if joined:
+                        self._users.release()
+                    raise
         return self.dsn
 
     def _ensure_running(self) -> None:
@@ -419,21 +457,82 @@ class Cluster:
         self._write("ias.conf", "\n".join(settings) + "\n")
 
     def stop(self) -> None:
-        """Stop using the cluster; the server is stopped only when no other iAs process uses it."""
-        if not self._users.held:
-            return
+        """Stop using the cluster; the server is stopped only when no other iAs process uses it, after the
+        linger (by this process's reaper, unless someone uses it meanwhile) or at once with linger 0."""
+        self._settle()
+        with self._guard:
+            if not self._users.held:
+                return
+            with self._start_lock:
+                self._users.release()
+                last = FileLock(self._users.path)
+                if not last.acquire(wait=False):
+                    return                              # another process still uses the server
+                try:
+                    if self._postmaster() is not None and not (self.linger > 0 and self._leave_reaper()):
+                        self._pg_stop()
+                finally:
+                    last.release()
+
+    def _pg_stop(self) -> None:
+        """Stop the server (the caller holds the start lock and the users lock exclusively)."""
+        self.idle_file.unlink(missing_ok=True)
+        self._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "fast", "-w",
+                  "-t", str(CLUSTER_START_TIMEOUT), check=False)
+        log.info("embedded PostgreSQL stopped")
+
+    def _leave_reaper(self) -> bool:
+        """Mark the server idle and leave a detached reaper that stops it after the linger unless it was used
+        and left again meanwhile (a newer mark); False when none could be started (then stop it now)."""
+        token = f"{time.time():.6f}:{os.getpid()}:{secrets.token_hex(4)}"
+        # sh and sleep while it waits (a megabyte or two), Python only for the stop itself.
+        argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{self.linger:.3f}", sys.executable, "-m", "ias.pgcluster",
+                str(self.datadir), token, str(self.bindir or "")]
+        try:
+            self.idle_file.write_text(token + "\n", encoding="ascii")
+            # Its own session, no descriptors, no secrets in its environment: it outlives this process alone.
+            subprocess.Popen(argv, cwd=PACKAGE_PARENT, env={"PATH": os.environ.get("PATH", os.defpath)},
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        except OSError as exc:
+            log.warning("cannot leave the embedded PostgreSQL running for %gs (%s): stopping it now", self.linger, exc)
+            return False
+        log.info("embedded PostgreSQL left running for %gs after its last user", self.linger)
+        return True
+
+    def reap(self, token: str) -> bool:
+        """The reaper's end: stop the server when the idle mark is still `token` (nobody left a newer one) and
+        nobody uses it; True when it was stopped."""
         with self._start_lock:
-            self._users.release()
-            last = FileLock(self._users.path)
-            if not last.acquire(wait=False):
-                return                                  # another process still uses the server
             try:
-                if self._postmaster() is not None:
-                    self._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "fast", "-w",
-                              "-t", str(CLUSTER_START_TIMEOUT), check=False)
-                    log.info("embedded PostgreSQL stopped")
+                mark = self.idle_file.read_text(encoding="ascii").strip()
+            except OSError:
+                return False
+            if mark != token or not self._users.acquire(wait=False):
+                return False                            # a later user's reaper is due, or it is in use
+            try:
+                if self._postmaster() is None:
+                    self.idle_file.unlink(missing_ok=True)
+                    return False
+                self._pg_stop()
+                return True
             finally:
-                last.release()
+                self._users.release()
+
+    def state(self) -> str:
+        """For `doctor`: whether the server runs, is in use or lingers, and for how long (no state changed)."""
+        lingering = f"stays up {self.linger:g}s after the last command (IAS_PG_LINGER)"
+        with self._start_lock:
+            if not self.running():
+                return f"stopped; started on demand, {lingering}"
+            if self._users.held or not self._users.acquire(wait=False):
+                return f"running, in use; {lingering}"
+            self._users.release()
+            try:
+                since = float(self.idle_file.read_text(encoding="ascii").split(":")[0])
+            except (OSError, ValueError):
+                return f"running, unused and unmarked (its last user was killed); {lingering}"
+            return f"running, idle for {max(0.0, time.time() - since):.0f}s; {lingering}"
 
 
 def _unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
@@ -454,3 +553,19 @@ def _alive_postgres(pid: int) -> bool:
         return False
     comm, _, rest = stat.partition(" (")[2].rpartition(") ")
     return comm == "postgres" and not rest.startswith(("Z", "X"))
+
+
+def embedded(config) -> Cluster | None:
+    """The embedded cluster a Config names (its directory and linger), or None with IAS_DATABASE_URL."""
+    return None if config.database_url else Cluster(config.cluster_dir, linger=config.pg_linger)
+
+
+def _reaper(argv: list[str]) -> None:
+    """`python -m ias.pgcluster DATADIR TOKEN BINDIR`, run once the linger is over: stop the server if it is
+    still idle since this mark."""
+    datadir, token, bindir = argv
+    Cluster(Path(datadir), bindir=Path(bindir) if bindir else None).reap(token)
+
+
+if __name__ == "__main__":
+    _reaper(sys.argv[1:])

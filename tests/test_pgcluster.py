@@ -30,7 +30,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 import psycopg
 from ias.pgcluster import Cluster
-cluster = Cluster(sys.argv[1], fsync=False)
+cluster = Cluster(sys.argv[1], fsync=False, linger=float(sys.argv[3]) if len(sys.argv) > 3 else 0)
 with psycopg.connect(cluster.start(), autocommit=True) as conn:
     conn.execute("SELECT 1")
 print("up", flush=True)
@@ -102,14 +102,14 @@ class ClusterCase(unittest.TestCase):
                            cwd="/", user=self.datadir.stat().st_uid, capture_output=True, timeout=60)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def spawn(self, script: str, arg: Path) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", script, str(arg), str(REPO)], stdin=subprocess.PIPE,
+    def spawn(self, script: str, arg: Path, *more: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(arg), str(REPO), *more], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc
 
-    def user(self) -> subprocess.Popen:
-        return self.spawn(USER, self.datadir)
+    def user(self, linger: float = 0) -> subprocess.Popen:
+        return self.spawn(USER, self.datadir, str(linger))
 
     def up(self, proc: subprocess.Popen) -> None:
         self.assertEqual(proc.stdout.readline(), "up\n")
@@ -273,6 +273,111 @@ class ClusterTestCase(ClusterCase):
         Cluster(self.datadir).stop()
         self.assertTrue(self.answers())
         self.leave(user)
+
+
+class LingerTestCase(ClusterCase):
+    """After its last user the server lingers, then a detached reaper stops it, unless someone uses it."""
+
+    def reapers(self) -> list[str]:
+        """The command lines of the reapers of this data directory still running."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"ias.pgcluster" in argv and str(self.datadir).encode() in argv:
+                found.append(b" ".join(argv).decode(errors="replace"))
+        return found
+
+    def stopped_by_the_reaper(self, postmaster: int) -> None:
+        """Wait on the facts: the postmaster gone, no reaper left, the idle mark removed."""
+        wait_gone(postmaster, timeout=30)
+        wait_until(lambda: not self.reapers())
+        self.assertFalse(Cluster(self.datadir).running())
+        self.assertFalse((self.tmp / "pg.idle").exists())
+
+    def test_the_last_user_leaves_it_running_for_the_linger_and_nothing_after(self):
+        user = self.user(linger=1)
+        self.up(user)
+        postmaster = self.postmaster()
+        left = time.monotonic()
+        self.leave(user)
+        self.assertTrue(self.answers())                 # lingering: the next command finds it running
+        self.assertEqual(len(self.reapers()), 1)
+        self.assertIn("idle for", Cluster(self.datadir, linger=1).state())
+        self.stopped_by_the_reaper(postmaster)
+        self.assertGreaterEqual(time.monotonic() - left, 1)
+
+    def test_a_user_within_the_linger_keeps_it_and_the_last_one_out_leaves_the_reaper(self):
+        first = self.user(linger=1)
+        self.up(first)
+        postmaster = self.postmaster()
+        self.leave(first)
+        second = self.user(linger=1)                    # joins the lingering server
+        self.up(second)
+        self.assertEqual(self.postmaster(), postmaster)
+        wait_until(lambda: not self.reapers())         # the first reaper found it in use and went
+        self.assertTrue(self.answers())
+        self.assertIn("in use", Cluster(self.datadir).state())
+        self.leave(second)
+        self.assertTrue(self.answers())
+        self.stopped_by_the_reaper(postmaster)
+
+    def test_a_later_mark_outlives_an_earlier_reaper(self):
+        first = self.user(linger=1)
+        self.up(first)
+        postmaster = self.postmaster()
+        self.leave(first)
+        late = self.user(linger=30)
+        self.up(late)
+        self.leave(late)                                # a newer mark: the first reaper stands down
+        time.sleep(1.5)
+        self.assertTrue(self.answers())
+        reaper = Cluster(self.datadir)
+        self.assertTrue(reaper.reap((self.tmp / "pg.idle").read_text().strip()))    # what that reaper will do
+        wait_gone(postmaster)
+
+    def test_parallel_commands_on_a_stopped_cluster_then_nothing_left(self):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))},
+               "IAS_DATA_DIR": str(self.tmp), "IAS_PG_LINGER": "1"}
+        argv = [sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"]
+        commands = [subprocess.Popen(argv, env=env, cwd=self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True) for _ in range(4)]             # initdb and the schema race too
+        self.procs.extend(commands)
+        for proc in commands:
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual((proc.returncode, err), (0, ""))
+        self.stopped_by_the_reaper(self.postmaster())
+
+    def test_a_command_never_stops_the_server_under_a_daemon(self):
+        daemon = self.user(linger=0)                    # holds its share as the daemon does, for its life
+        self.up(daemon)
+        postmaster = self.postmaster()
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))},
+               "IAS_DATA_DIR": str(self.tmp), "IAS_PG_LINGER": "0"}
+        for _ in range(2):
+            done = subprocess.run([sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"], env=env,
+                                  cwd=self.tmp, capture_output=True, text=True, timeout=120)
+            self.assertEqual((done.returncode, done.stderr), (0, ""))
+            self.assertEqual(self.postmaster(), postmaster)
+            self.assertTrue(self.answers())
+        self.assertEqual(self.reapers(), [])
+        self.leave(daemon)
+        wait_gone(postmaster)
+
+    def test_an_early_start_runs_beside_the_caller_and_hands_over_its_error(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.begin()
+        self.assertEqual(cluster.start(), cluster.dsn)
+        self.assertTrue(self.answers())
+        cluster.stop()
+        self.assertFalse(cluster.running())
+        broken = Cluster(self.tmp / "other", bindir=self.tmp / "no-binaries")
+        broken.begin()
+        with self.assertRaisesRegex(ClusterError, "failed: .*no-binaries"):
+            broken.start()
+        broken.stop()                                   # nothing held: nothing to do
 
 
 NOBODY = {"user": 65534, "group": 65534, "extra_groups": []}
