@@ -20,6 +20,8 @@ hold up the channels and other turns on the event loop.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import html
 import json
 import logging
@@ -113,10 +115,12 @@ class LLM:
 
     @property
     def client(self):
-        """The SDK client, made (and `openai` imported) on first use."""
+        """The SDK client, made (and `openai` imported) on first use; then what the import left behind is
+        handed back to the system (a daemon idles with it for hours)."""
         if self._client is None:
             import openai
             self._client = openai.AsyncOpenAI(**self._settings)
+            release_memory()
         return self._client
 
     def warm(self) -> None:
@@ -181,6 +185,16 @@ class LLM:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the C heap's free pages back to the system (glibc `malloc_trim`, where there
+    is one): a large import in a worker thread leaves a whole malloc arena of freed pages behind."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):          # not glibc: nothing to trim
+        pass
 
 
 def _failure(exc: BaseException) -> str:
