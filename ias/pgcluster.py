@@ -39,6 +39,7 @@ import logging
 import os
 import pwd
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -483,32 +484,52 @@ class Cluster:
 
     def _leave_reaper(self) -> bool:
         """Mark the server idle and leave a detached reaper that stops it after the linger unless it was used
-        and left again meanwhile (a newer mark); False when none could be started (then stop it now)."""
+        and left again meanwhile (a newer mark); False when none could be started (then stop it now). The
+        previous user's reaper, still asleep, is ended: one waits at a time, however many commands ran."""
         token = f"{time.time():.6f}:{os.getpid()}:{secrets.token_hex(4)}"
         # sh and sleep while it waits (a megabyte or two), Python only for the stop itself.
         argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{self.linger:.3f}", sys.executable, "-m", "ias.pgcluster",
                 str(self.datadir), token, str(self.bindir or "")]
+        self._end_reaper()
         try:
-            self.idle_file.write_text(token + "\n", encoding="ascii")
             # Its own session, no descriptors, no secrets in its environment: it outlives this process alone.
-            subprocess.Popen(argv, cwd=PACKAGE_PARENT, env={"PATH": os.environ.get("PATH", os.defpath)},
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+            reaper = subprocess.Popen(argv, cwd=PACKAGE_PARENT, env={"PATH": os.environ.get("PATH", os.defpath)},
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+            self.idle_file.write_text(f"{token}\n{reaper.pid}\n", encoding="ascii")
         except OSError as exc:
             log.warning("cannot leave the embedded PostgreSQL running for %gs (%s): stopping it now", self.linger, exc)
             return False
         log.info("embedded PostgreSQL left running for %gs after its last user", self.linger)
         return True
 
+    def _mark(self) -> tuple[str, int] | None:
+        """The idle mark: the token its reaper carries and that reaper's pid (0 when unknown), or None."""
+        try:
+            token, _, pid = self.idle_file.read_text(encoding="ascii").partition("\n")
+            return token.strip(), int(pid.strip() or 0)
+        except (OSError, ValueError):
+            return None
+
+    def _end_reaper(self) -> None:
+        """End the reaper of the current mark while it still sleeps (its session: sh and sleep), if it is that
+        reaper (its command line carries the token: a reused pid is left alone)."""
+        mark = self._mark()
+        if mark is None or not mark[1]:
+            return
+        token, pid = mark
+        try:
+            if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass                                        # gone already, or not ours
+
     def reap(self, token: str) -> bool:
         """The reaper's end: stop the server when the idle mark is still `token` (nobody left a newer one) and
         nobody uses it; True when it was stopped."""
         with self._start_lock:
-            try:
-                mark = self.idle_file.read_text(encoding="ascii").strip()
-            except OSError:
-                return False
-            if mark != token or not self._users.acquire(wait=False):
+            mark = self._mark()
+            if mark is None or mark[0] != token or not self._users.acquire(wait=False):
                 return False                            # a later user's reaper is due, or it is in use
             try:
                 if self._postmaster() is None:
@@ -529,8 +550,8 @@ class Cluster:
                 return f"running, in use; {lingering}"
             self._users.release()
             try:
-                since = float(self.idle_file.read_text(encoding="ascii").split(":")[0])
-            except (OSError, ValueError):
+                since = float(self._mark()[0].split(":")[0])
+            except (TypeError, ValueError):
                 return f"running, unused and unmarked (its last user was killed); {lingering}"
             return f"running, idle for {max(0.0, time.time() - since):.0f}s; {lingering}"
 

@@ -329,14 +329,13 @@ class LingerTestCase(ClusterCase):
         self.up(first)
         postmaster = self.postmaster()
         self.leave(first)
-        late = self.user(linger=30)
+        late = self.user(linger=3)
         self.up(late)
-        self.leave(late)                                # a newer mark: the first reaper stands down
-        time.sleep(1.5)
+        self.leave(late)                                # a newer mark: the first reaper is ended
+        self.assertEqual(len(self.reapers()), 1)        # one reaper waits at a time
+        time.sleep(1.5)                                 # past the first linger
         self.assertTrue(self.answers())
-        reaper = Cluster(self.datadir)
-        self.assertTrue(reaper.reap((self.tmp / "pg.idle").read_text().strip()))    # what that reaper will do
-        wait_gone(postmaster)
+        self.stopped_by_the_reaper(postmaster)
 
     def test_parallel_commands_on_a_stopped_cluster_then_nothing_left(self):
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))},
