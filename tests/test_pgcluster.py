@@ -21,7 +21,8 @@ from ias.daemon import instance_lock
 from ias.config import Config
 from ias.errors import ClusterError, IasError
 from ias.locks import FileLock
-from ias.pgcluster import Cluster, find_bindir, wheel_bindir
+from ias.pgcluster import Cluster
+from ias.pgcluster.binaries import find_bindir, wheel_bindir
 from tests.support import REPO, slow
 
 # One iAs-like user of the cluster: start (or join) it, query, say "up", wait for a line, stop using it.
@@ -604,7 +605,7 @@ class BindirTestCase(unittest.TestCase):
         closed = self.tmp / "closed"
         closed.mkdir(mode=0o700)
         system = self.server("lib/postgresql/15/bin")
-        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster import find_bindir; "
+        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster.binaries import find_bindir; "
                   "print(find_bindir(path=sys.argv[2], system=sys.argv[3], wheel=lambda: None))")
         os.chmod(self.tmp, 0o755)
         who = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}

@@ -14,55 +14,42 @@ Sharing: every process that uses the cluster holds a shared flock on `<datadir>.
 long as it does; starting and stopping are serialised by an exclusive flock on `<datadir>.lock`.
 A process that is done drops its share and, under the start lock, tries to take the users lock
 exclusively: only when that succeeds is nobody else using the server. Then the server lingers
-(IAS_PG_LINGER seconds, so that the next command of a script finds it running): the last user
-writes a mark in `<datadir>.idle` and leaves a small detached reaper (sh and sleep, then
-`python -m ias.pgcluster`), which after the linger stops the server if nobody uses it and no later
-user left a newer mark; linger 0 stops it at once. A killed process (kill -9 included) drops its
-share with its descriptors, so it never keeps the server up for good — but a server whose last
-user was killed while no reaper was waiting keeps running until the next user exits. `begin`
-starts (or joins) the server in a thread, so a command imports and loads meanwhile.
-A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
-runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
-start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
+IAS_PG_LINGER seconds, so that a script's next command finds it running, and a detached reaper stops
+it (linger.py); linger 0 stops it at once. A killed process (kill -9 included) drops its share with
+its descriptors, so it never keeps the server up for good. `begin` starts (or joins) the server in a
+thread, so a command imports and loads meanwhile. Where the binaries are: binaries.py.
+A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a postmaster.pid
+naming a live postmaster of this directory) is waited for, never fought: a start runs `pg_ctl start`
+only when no server is alive, and after a stop gives a restart a moment to start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
 Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
 waits for iAs's own connections, is waited for up to CLUSTER_START_TIMEOUT.
 """
 from __future__ import annotations
 
 import base64
-import glob
 import hashlib
 import hmac
-import importlib.util
 import itertools
 import logging
 import os
 import pwd
 import secrets
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
-from .errors import ClusterError
-from .limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
+from ..errors import ClusterError
+from ..limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
                      CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT)
-from .locks import FileLock
+from ..locks import FileLock
+from . import linger
+from .binaries import find_bindir
 
 log = logging.getLogger(__name__)
 
 PORT = 5432
 SOCKET_PATH_MAX = 107          # sun_path limit on Linux, including the socket file name
-SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
-SYSTEM_BINDIRS = "/usr/lib/postgresql/*/bin"
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent    # where `python -m ias.pgcluster` finds the package
-INSTALL_HINT = ("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH, under "
-                f"{SYSTEM_BINDIRS} or in the pgserver wheel: install PostgreSQL (Debian: apt-get install "
-                "postgresql), or the wheel (pip install '.[embedded]', or pip install pgserver), "
-                "or set IAS_DATABASE_URL to an existing database")
 
 # A small home server: one daemon, a few commands, little data. Each line saves memory or a process.
 TUNING = (
@@ -120,45 +107,6 @@ def _b64(raw: bytes) -> str:
 def _conninfo_value(value: object) -> str:
     """A libpq conninfo value, quoted (libpq's rules: backslash escapes backslash and quote)."""
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def wheel_bindir() -> Path | None:
-    """The `pgserver` wheel's server binaries, located without importing the package (or None)."""
-    try:
-        spec = importlib.util.find_spec("pgserver")
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        return Path(location) / "pginstall" / "bin"
-    return None
-
-
-def _has_server(directory: Path) -> bool:
-    # os.path.isfile, not Path.is_file: an unreadable directory (PATH holding /root/bin while
-    # running as another user) is "not here", where Path.is_file raises PermissionError.
-    return all(os.path.isfile(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
-
-
-def _version(directory: str) -> int:
-    name = Path(directory).parent.name
-    return int(name) if name.isdigit() else 0
-
-
-def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
-                wheel: Callable[[], Path | None] = wheel_bindir) -> Path:
-    """The directory holding initdb, pg_ctl and postgres: on PATH, else the newest `system` match, else the wheel's."""
-    candidates = []
-    for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        if entry and os.path.isfile(os.path.join(entry, "pg_ctl")):     # never raises (see _has_server)
-            candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
-    candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
-    bundled = wheel()
-    if bundled is not None:
-        candidates.append(bundled)
-    for directory in candidates:
-        if _has_server(directory):
-            return directory
-    raise ClusterError(INSTALL_HINT)
 
 
 class Cluster:
@@ -470,7 +418,7 @@ class Cluster:
                 if not last.acquire(wait=False):
                     return                              # another process still uses the server
                 try:
-                    if self._postmaster() is not None and not (self.linger > 0 and self._leave_reaper()):
+                    if self._postmaster() is not None and not (self.linger > 0 and self._linger()):
                         self._pg_stop()
                 finally:
                     last.release()
@@ -482,53 +430,21 @@ class Cluster:
                   "-t", str(CLUSTER_START_TIMEOUT), check=False)
         log.info("embedded PostgreSQL stopped")
 
-    def _leave_reaper(self) -> bool:
-        """Mark the server idle and leave a detached reaper that stops it after the linger unless it was used
-        and left again meanwhile (a newer mark); False when none could be started (then stop it now). The
-        previous user's reaper, still asleep, is ended: one waits at a time, however many commands ran."""
-        token = f"{time.time():.6f}:{os.getpid()}:{secrets.token_hex(4)}"
-        # sh and sleep while it waits (a megabyte or two), Python only for the stop itself.
-        argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{self.linger:.3f}", sys.executable, "-m", "ias.pgcluster",
-                str(self.datadir), token, str(self.bindir or "")]
-        self._end_reaper()
+    def _linger(self) -> bool:
+        """Leave the server running for the linger; False when no reaper could be left (then stop it now)."""
         try:
-            # Its own session, no descriptors, no secrets in its environment: it outlives this process alone.
-            reaper = subprocess.Popen(argv, cwd=PACKAGE_PARENT, env={"PATH": os.environ.get("PATH", os.defpath)},
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
-            self.idle_file.write_text(f"{token}\n{reaper.pid}\n", encoding="ascii")
+            linger.leave(self.idle_file, self.datadir, self.bindir, self.linger)
         except OSError as exc:
             log.warning("cannot leave the embedded PostgreSQL running for %gs (%s): stopping it now", self.linger, exc)
             return False
         log.info("embedded PostgreSQL left running for %gs after its last user", self.linger)
         return True
 
-    def _mark(self) -> tuple[str, int] | None:
-        """The idle mark: the token its reaper carries and that reaper's pid (0 when unknown), or None."""
-        try:
-            token, _, pid = self.idle_file.read_text(encoding="ascii").partition("\n")
-            return token.strip(), int(pid.strip() or 0)
-        except (OSError, ValueError):
-            return None
-
-    def _end_reaper(self) -> None:
-        """End the reaper of the current mark while it still sleeps (its session: sh and sleep), if it is that
-        reaper (its command line carries the token: a reused pid is left alone)."""
-        mark = self._mark()
-        if mark is None or not mark[1]:
-            return
-        token, pid = mark
-        try:
-            if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            pass                                        # gone already, or not ours
-
     def reap(self, token: str) -> bool:
         """The reaper's end: stop the server when the idle mark is still `token` (nobody left a newer one) and
         nobody uses it; True when it was stopped."""
         with self._start_lock:
-            mark = self._mark()
+            mark = linger.mark(self.idle_file)
             if mark is None or mark[0] != token or not self._users.acquire(wait=False):
                 return False                            # a later user's reaper is due, or it is in use
             try:
@@ -549,11 +465,10 @@ class Cluster:
             if self._users.held or not self._users.acquire(wait=False):
                 return f"running, in use; {lingering}"
             self._users.release()
-            try:
-                since = float(self._mark()[0].split(":")[0])
-            except (TypeError, ValueError):
+            idle = linger.idle_for(self.idle_file)
+            if idle is None:
                 return f"running, unused and unmarked (its last user was killed); {lingering}"
-            return f"running, idle for {max(0.0, time.time() - since):.0f}s; {lingering}"
+            return f"running, idle for {idle:.0f}s; {lingering}"
 
 
 def _unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
@@ -580,13 +495,3 @@ def embedded(config) -> Cluster | None:
     """The embedded cluster a Config names (its directory and linger), or None with IAS_DATABASE_URL."""
     return None if config.database_url else Cluster(config.cluster_dir, linger=config.pg_linger)
 
-
-def _reaper(argv: list[str]) -> None:
-    """`python -m ias.pgcluster DATADIR TOKEN BINDIR`, run once the linger is over: stop the server if it is
-    still idle since this mark."""
-    datadir, token, bindir = argv
-    Cluster(Path(datadir), bindir=Path(bindir) if bindir else None).reap(token)
-
-
-if __name__ == "__main__":
-    _reaper(sys.argv[1:])
