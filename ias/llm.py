@@ -128,6 +128,8 @@ class LLM:
         is certain), not on the first request."""
         if self._warming is None and self._client is None:
             self._warming = asyncio.ensure_future(self._loaded_client())
+            # A failed import is the first request's to report (it tries again): nothing left unretrieved here.
+            self._warming.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _loaded_client(self):
         """The SDK client; on first use `openai` is imported and the client made in a worker thread."""
