@@ -299,13 +299,82 @@ def bench_footprint() -> None:
                        f"processes (daemon {pss[0]:.0f} MB, cluster {sum(pss[1:]):.0f} MB), {cpu:.3f} s CPU in "
                        f"10 s (targets <= 70 MB, <= 0.02 s)", sum(pss) <= 70 and cpu <= 0.02)
     finally:
+        _stop_lingering(tmp / "var" / "pg")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The stand-in for llm 0.36 (issue 28): a bare `openai` client script that sends the same request and writes the
+# answer to SQLite, as llm logs each exchange.
+BARE_CLIENT = """
+import os, sqlite3, sys, openai
+client = openai.OpenAI(max_retries=0)
+reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": sys.argv[1]}])
+db = sqlite3.connect(sys.argv[2])
+db.execute("CREATE TABLE IF NOT EXISTS log (prompt TEXT, answer TEXT)")
+db.execute("INSERT INTO log VALUES (?, ?)", (sys.argv[1], reply.choices[0].message.content))
+db.commit()
+print(reply.choices[0].message.content)
+os._exit(0)
+"""
+
+
+def _stop_lingering(cluster_dir: Path) -> None:
+    """Stop an embedded server left lingering after its last user (as its reaper would, now): a bench must not
+    leave one running on a directory it is about to remove."""
+    from ias.pgcluster import Cluster
+    cluster = Cluster(cluster_dir)
+    if cluster.idle_file.exists():
+        cluster.reap(cluster.idle_file.read_text(encoding="ascii").strip())
+
+
+def bench_once() -> None:
+    """`ias --once` as a script runs it under default settings (the embedded cluster, initialised; each run finds
+    it lingering after the last), interleaved with the bare openai + SQLite client against the same endpoint:
+    wall time and peak memory, plain and with one Low tool call."""
+    from tests.servers.llm import LLMServer, calls, text
+    tmp = Path(tempfile.mkdtemp(prefix="ias-bench-once-"))
+    os.chmod(tmp, 0o755)                          # as root, the cluster runs as `postgres`
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "IAS_", "NOTIFY_", "PG"))}
+    env.update({"IAS_DATA_DIR": str(tmp / "var"), "OPENAI_API_KEY": "sk-test"})
+    try:
+        with LLMServer([text("ok")], repeat_last=True) as server:
+            env["OPENAI_BASE_URL"] = server.base_url
+            _measured([sys.executable, str(REPO / "ias.py"), "--once", "hi"], env, tmp)  # initdb, schema, caches
+            bare_argv = [sys.executable, "-c", BARE_CLIENT, "现在几点", str(tmp / "bare.db")]
+            _measured(bare_argv, env, tmp)
+
+            def once(*steps) -> tuple[float, float]:
+                server.script(*steps)
+                wall, peak, done = _measured([sys.executable, str(REPO / "ias.py"), "--once", "现在几点"], env, tmp)
+                assert done.returncode == 0, done.stderr
+                return wall, peak
+
+            def bare() -> tuple[float, float]:
+                server.script(text("现在是九点。"))
+                wall, peak, done = _measured(bare_argv, env, tmp)
+                assert done.returncode == 0, done.stderr
+                return wall, peak
+            plain, baseline, tool = [], [], []
+            for _ in range(7):                    # interleaved so that all see the same machine load
+                plain.append(once(text("现在是九点。")))
+                baseline.append(bare())
+                tool.append(once(calls(("get_current_datetime", {})), text("九点。")))
+        wall, base = (statistics.median(t for t, _ in runs) for runs in (plain, baseline))
+        peak = max(m for _, m in plain)
+        report(f"--once plain answer: {wall * 1000:.0f} ms wall, {peak:.0f} MB peak; the bare openai + SQLite client "
+               f"{base * 1000:.0f} ms = iAs {base / wall:.2f}x as fast (medians of 7, interleaved, embedded cluster; "
+               f"targets <= 650 ms, >= 1.15x, <= 70 MB)", wall <= 0.65 and base / wall >= 1.15 and peak <= 70)
+        wall = statistics.median(t for t, _ in tool)
+        report(f"--once with one Low tool call: {wall * 1000:.0f} ms wall (target <= 750 ms)", wall <= 0.75)
+    finally:
+        _stop_lingering(tmp / "var" / "pg")
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def bench_agent() -> None:
-    """--once wall time and peak RSS, request size, and the daemon at idle, against a local endpoint."""
+    """Request size and the daemon at idle, against a local endpoint."""
     import json
-    from tests.servers.llm import LLMServer, calls, text
+    from tests.servers.llm import LLMServer, text
     from tests.support import drop_schema, fresh_schema_dsn
 
     dsn, schema_name = fresh_schema_dsn()
@@ -315,30 +384,11 @@ def bench_agent() -> None:
     try:
         with LLMServer([text("ok")]) as server:
             env["OPENAI_BASE_URL"] = server.base_url
-            subprocess.run([sys.executable, str(REPO / "ias.py"), "--once", "hi"], env=env, check=True,
-                           capture_output=True, cwd=tmp)          # schema applied, caches warm
 
-            def once(*steps) -> tuple[float, float]:
+            def once(*steps) -> None:
                 server.script(*steps)
-                start = time.perf_counter()
-                proc = subprocess.Popen([sys.executable, str(REPO / "ias.py"), "--once", "现在几点"], env=env,
-                                        stdout=subprocess.DEVNULL, cwd=tmp)
-                _, status, usage = os.wait4(proc.pid, 0)
-                assert status == 0, status
-                return time.perf_counter() - start, usage.ru_maxrss / 1024
-
-            plain = [once(text("现在是九点。")) for _ in range(5)]
-            tool = [once(calls(("get_current_datetime", {})), text("九点。")) for _ in range(5)]
-            start = time.perf_counter()
-            for _ in range(5):
-                subprocess.run([sys.executable, "-c", "import os, openai; os._exit(0)"], check=True)
-            openai_import = (time.perf_counter() - start) / 5 * 1000
-            wall = statistics.median(t for t, _ in plain) * 1000
-            peak = max(m for _, m in plain)
-            report(f"--once plain answer: {wall:.0f} ms wall, {peak:.0f} MB peak (of which `python -c 'import openai'` "
-                   f"alone {openai_import:.0f} ms; target <= 900 ms, <= 70 MB)", wall <= 900 and peak <= 70)
-            wall = statistics.median(t for t, _ in tool) * 1000
-            report(f"--once with one Low tool call: {wall:.0f} ms wall (target <= 1200 ms)", wall <= 1200)
+                subprocess.run([sys.executable, str(REPO / "ias.py"), "--once", "现在几点"], env=env, check=True,
+                               capture_output=True, cwd=tmp)
             subprocess.run([sys.executable, str(REPO / "ias.py"), "--once", "/reset"], env=env, check=True,
                            capture_output=True, cwd=tmp)
             once(text("现在是九点。"))
@@ -422,9 +472,14 @@ def bench_scale() -> None:
             return time.perf_counter() - start
         first = listing()
         cached = statistics.median(listing() for _ in range(5))
-        report(f"skills with 5,000 skills: {cached * 1000:.0f} ms median from the spec cache "
-               f"({first * 1000:.0f} ms for the first listing, which parses and caches; target <= 500 ms)",
-               cached <= 0.5)
+        fresh = []
+        for _ in range(3):                # a fresh data directory each time: no spec cache
+            shutil.rmtree(tmp / "data5k", ignore_errors=True)
+            fresh.append(listing())
+        first = statistics.median(fresh)
+        report(f"skills with 5,000 skills: {first * 1000:.0f} ms median on a fresh data directory (parses all and "
+               f"writes the spec cache), {cached * 1000:.0f} ms from the cache (target <= 500 ms either way)",
+               first <= 0.5 and cached <= 0.5)
     finally:
         drop_schema(schema_name)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -484,17 +539,18 @@ def _measured(argv: list[str], env: dict, cwd: Path) -> tuple[float, float, subp
             subprocess.CompletedProcess(argv, proc.returncode, out, err))
 
 
-def _tree_rss(pid: int) -> int:
+def _tree_rss(pid: int, parent: bytes | None = None) -> int:
     """KB: the peak resident size of `pid` and of each of its descendants so far, summed (0 for what has gone)."""
     try:
-        if Path(f"/proc/{pid}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes():
-            return 0                # forked, not yet exec'd: it still shares the bench's own memory
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if cmdline == (parent if parent is not None else Path("/proc/self/cmdline").read_bytes()):
+            return 0                # forked, not yet exec'd: it still shares its parent's memory (counted there)
         status = Path(f"/proc/{pid}/status").read_text()
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return 0
     own = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-    return own + sum(_tree_rss(int(child)) for child in children)
+    return own + sum(_tree_rss(int(child), cmdline) for child in children)
 
 
 def _ready_seconds(env: dict, cwd: Path) -> float:
@@ -580,11 +636,16 @@ def _all_tools_bytes(root: Path) -> int:
 
 def main() -> int:
     print(f"iAs bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    # Bytecode compiled, as an installed copy has it (with PYTHONDONTWRITEBYTECODE an edited module would be
+    # compiled again by every command measured).
+    import compileall
+    compileall.compile_dir(REPO / "ias", quiet=1)
     bench_registry()
     bench_validator()
     bench_cold_start()
     asyncio.run(bench_gate())
     asyncio.run(bench_mcp())
+    bench_once()
     bench_agent()
     bench_footprint()
     bench_scale()

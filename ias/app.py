@@ -6,6 +6,7 @@ nothing themselves: what they need comes from the functions here).
 """
 from __future__ import annotations
 
+import asyncio
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .gate import Gate
 from .monitor import DatabaseMonitor
 from .notifiers import Fallback, configured
 from .outbox import Outbox
-from .pgcluster import Cluster
+from .pgcluster import Cluster, embedded
 from .catalog import Catalog
 from .router import Router
 from .runner import Runner
@@ -42,13 +43,14 @@ if TYPE_CHECKING:
 @asynccontextmanager
 async def open_store(config: Config, cluster: Cluster | None = None, *,
                      supervisor: Supervisor | None = None) -> AsyncIterator[Store]:
-    """The configured database, or the embedded cluster (started if needed; stopped after only if no other
+    """The configured database, or the embedded cluster (`cluster`, perhaps begun already, else the config's:
+    started if needed, in a thread so that other tasks go on; left to linger, or stopped, only when no other
     iAs process uses it); `supervisor`: the daemon's, for the store's background work."""
     chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
-        cluster = cluster or Cluster(config.cluster_dir)
-        dsn = start_cluster(config, cluster)
+        cluster = cluster or embedded(config)
+        dsn = await asyncio.to_thread(cluster.start)
     try:
         store = await Store.open(dsn, chain=chain, supervisor=supervisor)
         try:
@@ -58,20 +60,6 @@ async def open_store(config: Config, cluster: Cluster | None = None, *,
     finally:
         if cluster is not None:
             cluster.stop()
-
-
-def make_cluster(config: Config) -> Cluster | None:
-    """The embedded cluster in the data directory, or None when IAS_DATABASE_URL names the database."""
-    return None if config.database_url else Cluster(config.cluster_dir)
-
-
-def start_cluster(config: Config, cluster: Cluster) -> str:
-    """Start (or join) the embedded cluster; one stderr line first when it is about to be created, naming the data
-    directory, so that a command run from the wrong place never silently makes a second, empty database."""
-    if not cluster.initialised():
-        print(f"ias: no database in {config.data_dir} yet: creating one there (set IAS_DATA_DIR to use another "
-              "data directory)", file=sys.stderr)
-    return cluster.start()
 
 
 @dataclass(frozen=True, slots=True)

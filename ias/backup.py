@@ -27,13 +27,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from .app import make_cluster, open_store, start_cluster
+from .app import open_store
 from .audit import anchor
 from .clock import SYSTEM
 from .config import Config, absolute
 from .errors import IasError
 from .limits import BACKUP_TIMEOUT, RESTORE_PROBLEMS_SHOWN
-from .pgcluster import SYSTEM_BINDIRS, find_bindir
+from .pgcluster import embedded
+from .pgcluster.binaries import SYSTEM_BINDIRS, find_bindir
 from .store import objects, without_password
 
 MAGIC = b"PGDMP"                        # the first bytes of every custom-format dump
@@ -101,13 +102,13 @@ async def cmd_backup(config: Config, file: str | None, now: datetime | None = No
     if not os.access(target.parent, os.W_OK | os.X_OK):        # e.g. run as the service's user in its checkout
         raise BackupError(f"cannot write in {target.parent} as {getpass.getuser()}: name a file where it can, e.g. "
                           f"{default_file(now or SYSTEM.now(), config.data_dir)}")
-    cluster = make_cluster(config)
+    cluster = embedded(config)
     if cluster is not None and not cluster.initialised():
         raise BackupError(f"no database in {config.data_dir} (IAS_DATA_DIR): nothing to back up")
     pg_dump = client(config, "pg_dump")
     partial = target.with_name(f".{target.name}.partial")
     try:
-        dsn = config.database_url or start_cluster(config, cluster)
+        dsn = config.database_url or cluster.start()
         _client(pg_dump, ["--format=custom", "--no-owner", "--no-privileges", f"--file={partial}"], dsn,
                 "backup")
         os.replace(partial, target)
@@ -130,10 +131,10 @@ async def cmd_restore(config: Config, file: str) -> int:
     except OSError as exc:
         raise BackupError(f"cannot read {source}: {exc.strerror}") from None
     had_key = config.key_file.exists()
-    cluster = make_cluster(config)
+    cluster = embedded(config)
     pg_restore = client(config, "pg_restore")
     try:
-        dsn = config.database_url or start_cluster(config, cluster)
+        dsn = config.database_url or cluster.start()
         if await objects(dsn):
             where = "the database at IAS_DATABASE_URL" if config.database_url else f"the database in {config.data_dir}"
             raise BackupError(f"{where} is not empty: restore only into an empty one (a new IAS_DATA_DIR, or a new "

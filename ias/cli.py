@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    cluster = None
     try:
         not_dumpable()
         if args.command == "service":
@@ -195,8 +196,14 @@ def main(argv: list[str] | None = None) -> int:
                                else cmd_restore(config, args.file))
         if args.command == "skills":
             return cmd_skills(config, args)
+        if args.command in ("run", None):
+            # The embedded server starts (or is joined) while the rest is imported and loaded.
+            from .pgcluster import embedded
+            cluster = embedded(config)
+            if cluster is not None:
+                cluster.begin()
         if args.command == "run":
-            return asyncio.run(cmd_run(config, args.name, args.params))
+            return asyncio.run(cmd_run(config, args.name, args.params, cluster))
         if args.command == "approvals":
             return asyncio.run(cmd_approvals(config, args.all))
         if args.command == "outbox":
@@ -216,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_setup(config, args.provider, args.model, args.base_url)
         if args.once is not None:
             from .oneoff import run_once
-            return asyncio.run(run_once(config, args.once))
+            return asyncio.run(run_once(config, args.once, cluster))
         from .daemon import run_daemon
         logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else _daemon_log_level())
-        return asyncio.run(run_daemon(config))
+        return asyncio.run(run_daemon(config, cluster=cluster))
     except IasError as exc:
         print(f"ias: {exc}", file=sys.stderr)
         return 1
@@ -236,6 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)
         return 1
+    finally:
+        if cluster is not None:
+            _leave(cluster)
+
+
+def _leave(cluster) -> None:
+    """Stop using an early-begun cluster: a no-op once the store closed it; else its start ends here."""
+    try:
+        cluster.stop()
+    except IasError as exc:
+        print(f"ias: {exc}", file=sys.stderr)
 
 
 def _daemon_log_level() -> int:

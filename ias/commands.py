@@ -100,7 +100,8 @@ async def _check_servers(config, reg) -> list[str]:
     return lines
 
 
-async def cmd_run(config, name: str, params_text: str) -> int:
+async def cmd_run(config, name: str, params_text: str, cluster=None) -> int:
+    """`ias run NAME [JSON]`; `cluster`: the embedded cluster, perhaps begun already (see cli)."""
     from . import jsonschema as schema
     from .app import build, open_store
     from .oneoff import finish, owner_approvals
@@ -109,7 +110,7 @@ async def cmd_run(config, name: str, params_text: str) -> int:
     except json.JSONDecodeError as exc:
         print(f"ias: parameters are not valid JSON: {exc.msg}", file=sys.stderr)
         return 2
-    async with open_store(config) as store:
+    async with open_store(config, cluster) as store:
         c = build(config, store)
         try:
             async with owner_approvals(config, c) as (user, notify):

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from . import envfile
 from .errors import ConfigError
-from .limits import (APPROVAL_TIMEOUT, FALLBACK_AFTER, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
+from .limits import (APPROVAL_TIMEOUT, CLUSTER_LINGER, CLUSTER_LINGER_MAX, FALLBACK_AFTER, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
                      MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
                      TOOLS_BYTES_MIN, TURN_TIMEOUT, WECHAT_REPLY_WINDOW, WECHAT_SEND_BUDGET)
 
@@ -28,6 +28,7 @@ SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library,
 _SETTINGS = {
     "database_url": ("IAS_DATABASE_URL", str),
     "data_dir": ("IAS_DATA_DIR", str),
+    "pg_linger": ("IAS_PG_LINGER", (float, 0, CLUSTER_LINGER_MAX)),
     "secret_key_file": ("IAS_SECRET_KEY_FILE", str),
     "openai_base_url": ("OPENAI_BASE_URL", str),
     "model": ("IAS_MODEL", str),
@@ -66,6 +67,7 @@ class Config:
     database_url: str | None = None
     data_dir: Path = Path("var")
     secret_key_file: Path | None = None
+    pg_linger: float = CLUSTER_LINGER       # seconds the embedded cluster stays up after the last iAs process left
     openai_api_key: str | None = None
     openai_base_url: str | None = None
     model: str = MODEL_DEFAULT

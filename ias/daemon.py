@@ -24,7 +24,7 @@ from .errors import IasError, StoreError
 from .limits import DB_LOST_LIMIT, SHUTDOWN_GRACE, SKILLS_SCAN_INTERVAL
 from .locks import FileLock
 from .monitor import DatabaseMonitor, DiskWatch
-from .pgcluster import Cluster
+from .pgcluster import Cluster, embedded
 from .processes import recover
 from .registry import Registry
 from .scheduler import Scheduler, prune_daily, retry_later
@@ -48,7 +48,7 @@ async def instance_lock(config: Config) -> AsyncIterator[None]:
 
 
 async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT,
-                     statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
+                     statvfs: Callable[[str], os.statvfs_result] = os.statvfs, cluster: Cluster | None = None) -> int:
     """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT/SIGHUP, or /exit or Ctrl-D on the
     console (exit 0), or a failure (exit 1).
 
@@ -62,7 +62,7 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):     # SIGHUP: the terminal was closed
         loop.add_signal_handler(sig, stop.set)
-    cluster = None if config.database_url else Cluster(config.cluster_dir)
+    cluster = cluster or embedded(config)
     supervisor = Supervisor(daemon=True)
     async with (instance_lock(config), open_store(config, cluster, supervisor=supervisor) as store,
                 open_llm(config) as llm):

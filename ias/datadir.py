@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 from . import config as config_module, service
 from .config import REPO_ROOT, Config, absolute
 from .errors import ConfigError
-from .pgcluster import unreachable
+from .pgcluster.binaries import unreachable
 
 log = logging.getLogger(__name__)
 

@@ -51,6 +51,12 @@ async def cmd_doctor(config) -> int:
         line(False if bad else True if tools else None, f"mcp server {spec.name}",
              "; ".join(bad) if bad else f"{len(tools)} tools: {', '.join(tools) or '-'}")
     line(*disk_line(config.data_dir))
+    if not config.database_url:
+        from .pgcluster import embedded
+        try:
+            line(True, "cluster", f"embedded PostgreSQL in {config.cluster_dir}: {embedded(config).state()}")
+        except IasError as exc:
+            line(False, "cluster", str(exc))
     try:
         async with open_store(config) as store:
             where = "IAS_DATABASE_URL" if config.database_url else f"embedded cluster in {config.cluster_dir}"

@@ -148,6 +148,8 @@ BACKUP_TIMEOUT = 3600               # seconds pg_dump or pg_restore may take (`i
 RESTORE_PROBLEMS_SHOWN = 5          # audit chain problems printed by a restore that cannot verify the log
 SERVICE_STEP_TIMEOUT = 900          # seconds one `ias service install` step (useradd, apt-get, pip, systemctl) may take
 SERVER_LOG_MAX = 4 * 1024 * 1024   # bytes of the cluster's server.log before a start moves it to server.log.1
+CLUSTER_LINGER = 30.0              # seconds the embedded server stays up after its last user left: IAS_PG_LINGER (0: stop at once)
+CLUSTER_LINGER_MAX = 3600           # seconds; a longer IAS_PG_LINGER is a configuration error
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
 # MCP servers (ias/mcp/)

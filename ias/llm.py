@@ -20,6 +20,8 @@ hold up the channels and other turns on the event loop.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import html
 import json
 import logging
@@ -106,17 +108,28 @@ class LLM:
         self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
         self._client = None
         self._first = asyncio.Lock()        # one import and one client, however many turns start at once
+        self._warming: asyncio.Future | None = None
         self.model = model
         self.retry_delays = retry_delays
         self.timeout = timeout          # seconds per attempt in all; the SDK's own timeout is per read
 
     @property
     def client(self):
-        """The SDK client, made (and `openai` imported) on first use."""
+        """The SDK client, made (and `openai` imported) on first use; then what the import left behind is
+        handed back to the system (a daemon idles with it for hours)."""
         if self._client is None:
             import openai
             self._client = openai.AsyncOpenAI(**self._settings)
+            release_memory()
         return self._client
+
+    def warm(self) -> None:
+        """Begin importing `openai` and making the client in a worker thread now (`--once`, where a request
+        is certain), not on the first request."""
+        if self._warming is None and self._client is None:
+            self._warming = asyncio.ensure_future(self._loaded_client())
+            # A failed import is the first request's to report (it tries again): nothing left unretrieved here.
+            self._warming.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _loaded_client(self):
         """The SDK client; on first use `openai` is imported and the client made in a worker thread."""
@@ -174,6 +187,16 @@ class LLM:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the C heap's free pages back to the system (glibc `malloc_trim`, where there
+    is one): a large import in a worker thread leaves a whole malloc arena of freed pages behind."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):          # not glibc: nothing to trim
+        pass
 
 
 def _failure(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ from .channels.base import Inbound
 from .channels.console import ConsoleChannel
 from .config import Config
 from .limits import SHUTDOWN_GRACE, WECHAT_FIRST_POLL_WAIT
+from .pgcluster import Cluster
 from .supervisor import RECORDS
 
 
@@ -76,20 +77,24 @@ def terminal_approvals(approvals: Approvals, user: str) -> Notify:
 NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录微信；高风险调用按未确认处理"
 
 
-async def run_once(config: Config, text: str) -> int:
-    """`ias --once TEXT`: one turn for the owner; the reply on stdout."""
-    async with open_store(config) as store, open_llm(config) as llm:
-        c = build(config, store, llm=llm)
-        if llm is None and not text.strip().startswith("/"):
-            print(NO_LLM, file=sys.stderr)
-            return 1
-        try:
-            async with owner_approvals(config, c) as (user, notify):
-                reply = await c.agent.turn(user, text, notify)
-        finally:
-            await finish(c)
-        print(reply)
-        return 1 if reply in (APOLOGY, KEY_REFUSED, TOOLS_REFUSED) else 0
+async def run_once(config: Config, text: str, cluster: Cluster | None = None) -> int:
+    """`ias --once TEXT`: one turn for the owner; the reply on stdout. `cluster`: the embedded cluster, perhaps
+    begun already (see cli). The SDK is loaded in a thread from the start, while the store opens."""
+    async with open_llm(config) as llm:
+        if llm is not None:
+            llm.warm()
+        async with open_store(config, cluster) as store:
+            c = build(config, store, llm=llm)
+            if llm is None and not text.strip().startswith("/"):
+                print(NO_LLM, file=sys.stderr)
+                return 1
+            try:
+                async with owner_approvals(config, c) as (user, notify):
+                    reply = await c.agent.turn(user, text, notify)
+            finally:
+                await finish(c)
+            print(reply)
+            return 1 if reply in (APOLOGY, KEY_REFUSED, TOOLS_REFUSED) else 0
 
 
 async def finish(c: App) -> None:

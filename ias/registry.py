@@ -21,7 +21,7 @@ from .changes import Change, Changes
 from .errors import SkillError
 from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
 from .sandbox import Policy, for_config, refusal
-from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, load_skill
+from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, lazy_validator, load_skill
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class Registry:
     def __init__(self, skills: dict[str, Skill] | None = None, problems: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = (), *, roots: tuple[tuple[Path, str], ...] = (),
                  allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
-                 mcp_cache: Path | None = None, confine: Callable[[Skill | McpServer, str], str | None] | None = None):
+                 mcp_cache: Path | None = None, confine: Callable[[Skill | McpServer, str], str | None] | None = None,
+                 lazy: bool = False):
         self.skills: dict[str, Skill] = dict(skills or {})
         self.problems = tuple(problems)
         self.warnings = tuple(warnings)
@@ -47,12 +48,14 @@ class Registry:
         self._roots = roots
         self._allow = frozenset(allow_risk_downgrade)
         self._seen: dict[Path, tuple] = {}   # SKILL.md -> stat signature at its last parse
+        self._real: dict[Path, Path] = {}    # SKILL.md -> its directory resolved, where the last scan knew it
         self._parsed: dict[Path, Skill | McpServer | SkillError] = {}
         self._good: dict[Path, Skill | McpServer] = {}   # last version of each file that loaded
         self._reported: set[str] = set()
         self._unreported: list[str] = []
         self._sorted: list[Skill] | None = None
         self._cache = cache                  # parsed specs by stat signature (for `ias skills`), or None
+        self._lazy = lazy                    # validators built at first use (a listing calls none)
         self.servers: dict[str, McpServer] = {}     # `## MCP` skills by name
         self._mcp_cache = mcp_cache          # the directory of each MCP server's last tool list, or None
         self._confine = confine              # (spec, source) -> why its sandbox keeps it from loading here, or None
@@ -96,17 +99,25 @@ class Registry:
         return len(self.skills)
 
     def _scan(self) -> dict[Path, tuple]:
-        """Every SKILL.md directly under the roots, with its stat signature; no file is read."""
+        """Every SKILL.md directly under the roots, with its stat signature; no file is read. The resolved
+        directory of each skill that is no link is noted in `_real` (its root resolved once)."""
         found: dict[Path, tuple] = {}
+        self._real = {}
         for root, source in self._roots:
             try:
                 entries = sorted(os.scandir(root), key=lambda e: e.name)
+                real_root = os.path.realpath(root)
             except OSError:
                 continue
             for entry in entries:
                 if entry.name.startswith("."):      # as glob("*/SKILL.md") did: hidden directories are not skills
                     continue
-                path = Path(entry.path) / "SKILL.md"
+                path = Path(entry.path, "SKILL.md")
+                try:
+                    if not entry.is_symlink():
+                        self._real[path] = Path(real_root, entry.name)
+                except OSError:
+                    pass
                 try:
                     st = os.stat(path)
                 except OSError:
@@ -131,7 +142,7 @@ class Registry:
                     self._parsed[path] = hit[1]
                     continue
                 try:
-                    self._parsed[path] = load_skill(path.parent, signature[0])
+                    self._parsed[path] = load_skill(path.parent, signature[0], self._lazy, self._real.get(path))
                 except SkillError as exc:
                     self._parsed[path] = exc
                 fresh = fresh or not isinstance(self._parsed[path], McpServer)   # servers are not cached
@@ -214,19 +225,6 @@ _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute
                   "parameters_line", "kind", "builtin")
 
 
-def _lazy(parameters: dict) -> Callable[[object], list[str]]:
-    """The validator of a schema checked when it was cached, compiled at its first use."""
-    compiled: Callable[[object], list[str]] | None = None
-
-    def validate(instance: object) -> list[str]:
-        nonlocal compiled
-        if compiled is None:
-            from . import jsonschema as schema
-            compiled = schema.compile(parameters)
-        return compiled(instance)
-    return validate
-
-
 def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
     """The parsed specs cached by `_write_cache`; empty when missing, stale in format or damaged."""
     try:
@@ -239,7 +237,7 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
                 outcome = SkillError([str(p) for p in spec])
             else:
                 outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
-                                directory=Path(spec["directory"]), validator=_lazy(spec["parameters"]),
+                                directory=Path(spec["directory"]), validator=lazy_validator(spec["parameters"]),
                                 sandbox=Policy.from_lines(spec["sandbox"]))
             out[path] = (tuple(signature), outcome)
         return out
@@ -292,14 +290,14 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
 def load_registry(system_dir: Path | None, user_dir: Path | None,
                   allow_risk_downgrade: frozenset[str] | set[str] = frozenset(), cache: Path | None = None,
                   mcp_cache: Path | None = None,
-                  confine: Callable[[Skill | McpServer, str], str | None] | None = None) -> Registry:
+                  confine: Callable[[Skill | McpServer, str], str | None] | None = None, lazy: bool = False) -> Registry:
     """Load system skills, then user skills over them; one bad skill never stops the others.
     `cache`: a file of parsed specs by stat signature, read and refreshed (for fast listing).
     An `## MCP` skill's tools come from the last tool list cached in `mcp_cache` (see ias/mcp/servers.py),
-    so listing never waits for a server."""
+    so listing never waits for a server. `lazy`: validators built at their first use (see skills.parse_skill)."""
     roots = tuple((Path(d), source) for d, source in ((system_dir, "system"), (user_dir, "user")) if d)
     reg = Registry(roots=roots, allow_risk_downgrade=allow_risk_downgrade, cache=cache, mcp_cache=mcp_cache,
-                   confine=confine)
+                   confine=confine, lazy=lazy)
     reg.reload()
     return reg
 
@@ -318,10 +316,10 @@ def _untitled(skill: Skill) -> list[str]:
 
 def registry(config, cached: bool = False) -> Registry:
     """The registry for a Config: system skills, the user's skills dir, its downgrade allow-list;
-    `cached`: through $IAS_DATA_DIR/skills.cache.json (the `skills` listing)."""
+    `cached`: through $IAS_DATA_DIR/skills.cache.json, validators built at first use (the `skills` listing)."""
     return load_registry(config.system_skills_dir, config.skills_dir, config.allow_risk_downgrade,
                          config.skills_cache if cached else None, config.mcp_cache,
-                         confine=load_problem(config))
+                         confine=load_problem(config), lazy=cached)
 
 
 # -- MCP tools as skills --

@@ -28,7 +28,8 @@ from typing import Callable
 from .config import REPO_ROOT, absolute
 from .errors import IasError
 from .limits import SERVICE_STEP_TIMEOUT
-from .pgcluster import ClusterError, find_bindir, unreachable
+from .pgcluster import ClusterError
+from .pgcluster.binaries import find_bindir, unreachable
 
 UNIT_PATH = Path("/etc/systemd/system/ias.service")     # where `install` writes, and `datadir` reads
 TEMPLATE = REPO_ROOT / "deploy" / "ias.service"

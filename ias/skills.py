@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shlex
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,14 +146,17 @@ def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], 
     for number, line in enumerate(lines, 1):
         if fence is not None:
             marker, indent, lang, first, body = fence
-            close = CLOSE_RE.match(line) if line.lstrip(" ")[:1] == marker[0] else None
+            lead = line[:1]
+            if lead == " ":
+                lead = line.lstrip(" ")[:1]
+            close = CLOSE_RE.match(line) if lead == marker[0] else None
             if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
                 if current is not None:
                     current.blocks.append(_Block(lang, "\n".join(body), first))
                 fence = None
             else:
                 # Content lines lose up to the opening fence's indent (CommonMark).
-                body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
+                body.append(line[min(indent, len(line) - len(line.lstrip(" "))):] if indent else line)
             continue
         lead = line[:1] if line[:1] != " " else line.lstrip(" ")[:1]   # prose skips the expressions
         level, heading = 0, ""
@@ -216,13 +221,18 @@ def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], w
     return blocks[0]
 
 
-def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServer:
-    """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found."""
+def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
+                real: Path | None = None) -> Skill | McpServer:
+    """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found.
+    `lazy`: the schema is checked now but its validator built at its first use (the `skills` listing, which
+    validates nothing, skips half the work). `real`: the skill directory's resolved path when the caller
+    knows it (a registry resolves its root once, not each of thousands of skills)."""
     from . import jsonschema as schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
     where = str(path)
     problems: list[str] = []
     directory = path.parent
+    real = real or directory.resolve()
     name = directory.name
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
@@ -275,7 +285,8 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServe
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
                     try:
-                        validator = schema.compile(parameters)      # once per load; the gate uses it per call
+                        # once per load; the gate uses it per call
+                        validator = lazy_validator(parameters, schema.check) if lazy else schema.compile(parameters)
                     except schema.SchemaError as exc:
                         problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
@@ -326,26 +337,26 @@ def parse_skill(path: Path, text: str, source: str = "user") -> Skill | McpServe
                 elif item not in env:
                     env.append(item)
 
-    policy = _sandbox_section(sections["sandbox"], risk, mcp, directory, problems, where) if "sandbox" in sections \
+    policy = _sandbox_section(sections["sandbox"], risk, mcp, real, problems, where) if "sandbox" in sections \
         else Policy()
     if mcp:
         command, tools = _mcp_sections(sections, problems, where)
         if problems:
             raise SkillError(problems)
         return McpServer(name=name, command=command, risk=risk, tools=tools, timeout=timeout, env=tuple(env),
-                         directory=directory.resolve(), description=description, source=source,
+                         directory=real, description=description, source=source,
                          line=sections["mcp"].line, sandbox=policy)
     if problems:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
-                 directory=directory.resolve(), validator=validator, source=source, parameters_line=parameters_line,
+                 directory=real, validator=validator, source=source, parameters_line=parameters_line,
                  kind="builtin" if builtin is not None else "script", builtin=builtin, sandbox=policy)
 
 
 def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, problems: list[str],
                      where: str) -> Policy:
-    """`## Sandbox`: one permission a line (SPEC 10). A PATH overlapping the repository this iAs runs from or
+    """`## Sandbox` of the skill in (resolved) `directory`: one permission a line (SPEC 10). A PATH overlapping the repository this iAs runs from or
     the skills' own tree is refused here; the runner refuses the data directory too (known only with a config)."""
     lines = []
     for number, line in _text(section):
@@ -359,7 +370,7 @@ def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, p
                             + ("; an MCP server always runs in the sandbox" if mcp else ""))
             continue
         if path is not None and not path.startswith("~/"):
-            overlap = [root for root in (REPO_ROOT, directory.resolve().parent)
+            overlap = [root for root in (REPO_ROOT, directory.parent)
                        if inside(path, root) or inside(root, path)]
             if overlap:
                 problems.append(f"{where}:{number}: sandbox path {path} may not overlap the repository or the skills ({overlap[0]})")
@@ -399,13 +410,32 @@ def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tupl
     return command, tools
 
 
-def load_skill(directory: Path, source: str = "user") -> Skill | McpServer:
-    """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is."""
+def lazy_validator(parameters: dict, check: Callable[[dict], list[str]] | None = None) -> Callable[[object], list[str]]:
+    """The validator of `parameters`, compiled at its first use; `check` (e.g. jsonschema.check) is run now, and
+    its problems raised as SchemaError."""
+    from . import jsonschema as schema
+    problems = check(parameters) if check is not None else []
+    if problems:
+        raise schema.SchemaError(problems)
+    compiled: Callable[[object], list[str]] | None = None
+
+    def validate(instance: object) -> list[str]:
+        nonlocal compiled
+        if compiled is None:
+            compiled = schema.compile(parameters)
+        return compiled(instance)
+    return validate
+
+
+def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: Path | None = None) -> Skill | McpServer:
+    """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is.
+    `lazy`, `real`: see parse_skill."""
     path = Path(directory) / "SKILL.md"
     try:
-        if not path.is_file():    # not a FIFO or device, which could block or never end
-            raise OSError(f"not a regular file: {path}")
-        with path.open("rb") as f:
+        # Opened without blocking and checked before reading: not a FIFO or device, which could block or never end.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(f"not a regular file: {path}")
             data = f.read(SKILL_FILE_MAX + 1)
         if len(data) > SKILL_FILE_MAX:
             raise SkillError([f"{path}:1: SKILL.md is larger than {SKILL_FILE_MAX // 1024} KiB"])
@@ -416,7 +446,7 @@ def load_skill(directory: Path, source: str = "user") -> Skill | McpServer:
     except OSError as exc:
         raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
     try:
-        return parse_skill(path, text, source)
+        return parse_skill(path, text, source, lazy, real)
     except SkillError:
         raise
     except Exception as exc:  # noqa: BLE001 - one bad skill must never stop the others

@@ -132,6 +132,13 @@ class LoadTest(unittest.TestCase):
             with self.subTest(toml=toml, environ=environ), self.assertRaisesRegex(ConfigError, needle):
                 self.load(toml, **environ)
 
+    def test_the_cluster_linger(self):
+        self.assertEqual(self.load("").pg_linger, 30.0)
+        self.assertEqual(self.load("pg_linger = 5\n", IAS_PG_LINGER="0").pg_linger, 0.0)     # 0: stop at once
+        for bad, needle in [("-1", "must be between 0 and 3600,"), ("7200", "must be between 0 and 3600,"), ("soon", "must be a number")]:
+            with self.subTest(bad=bad), self.assertRaisesRegex(ConfigError, f"^IAS_PG_LINGER {needle}"):
+                self.load("", IAS_PG_LINGER=bad)
+
     def test_an_explicit_file_that_is_missing_is_an_error(self):
         with self.assertRaisesRegex(ConfigError, "cannot read config"):
             load(self.file, {})

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psycopg
 
-from ias.pgcluster import Cluster, find_bindir
+from ias.pgcluster import Cluster
+from ias.pgcluster.binaries import find_bindir
 from ias.processes import identity
 from ias.store import AuditEntry
 from ias.unwritten import End

@@ -70,8 +70,8 @@ class E2ETestCase(unittest.TestCase):
     def holding(self):
         """A one-off command (`ias run e2e_hold`) that is mid-skill, so it uses the cluster, until the block ends."""
         pidfile, release = self.copy.name("hold"), self.copy.name("release")
-        proc = self.copy.spawn("run", "e2e_hold", hold_args(pidfile, release), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = self.copy.spawn("run", "e2e_hold", hold_args(pidfile, release), env=SHORT_LINGER,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.copy.read_pidfile(pidfile, watch=proc)
         try:
             yield proc
@@ -162,18 +162,22 @@ class DefaultsTest(E2ETestCase):
             self.assertLessEqual(len(err.strip().splitlines()), 1, err)
 
 
+# The cluster lingers after the last iAs process (IAS_PG_LINGER, 30 s by default); these tests wait it out.
+SHORT_LINGER = {"IAS_PG_LINGER": "1"}
+
+
 class ParallelCommandsTest(E2ETestCase):
     """Many one-off commands at once on a stopped cluster (SPEC §4: concurrent starts are safe)."""
 
     def test_parallel_one_off_commands_on_a_stopped_cluster(self):
         for round_ in range(1, 4):           # round 1 also runs initdb (a fresh copy)
-            procs = [self.copy.spawn("run", "get_current_datetime", "{}", stdin=subprocess.DEVNULL,
+            procs = [self.copy.spawn("run", "get_current_datetime", "{}", env=SHORT_LINGER, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
             results = [finish(proc, 2 * STEP) for proc in procs]
             failed = [r for r in results if not succeeded(r)]
             self.assertFalse(failed, f"round {round_}: {8 - len(failed)} of 8 succeeded; first failure:\n"
                                          + (failed[0].describe() if failed else ""))
-            # No iAs process runs now: nothing may be left of the cluster.
+            # No iAs process runs now: after the linger nothing may be left of the cluster (nor its reaper).
             self.assertTrue(wait_until(lambda: not self.copy.cluster_processes(), 15),
                             f"round {round_}: left running: {self.copy.cluster_processes()}")
 
@@ -184,11 +188,11 @@ class DaemonTest(E2ETestCase):
     def test_daemon_keeps_answering_through_one_off_commands(self):
         with EchoLLM() as llm:
             with self.holding():             # a command started the cluster and still runs when the daemon starts
-                daemon = self.copy.daemon(llm_env(llm))
+                daemon = self.copy.daemon({**llm_env(llm), **SHORT_LINGER})
                 self.assertAnswers(daemon, "你好", "beside a running command")
             self.assertAnswers(daemon, "命令结束了", "after the command that started the cluster exited")
             for i in range(1, 21):
-                result = self.copy.ias("run", "get_current_datetime", "{}")
+                result = self.copy.ias("run", "get_current_datetime", "{}", env=SHORT_LINGER)
                 self.assertTrue(succeeded(result), f"command {i}: {result.describe()}")
                 self.assertAnswers(daemon, f"第{i}条命令之后", f"after command {i}")
             self.assertEqual(daemon.terminate(), 0, daemon.stderr()[-3000:])

@@ -1,7 +1,9 @@
 """The embedded cluster shared by real processes: concurrent starts, the last user stops it, kill -9,
 a killed postmaster, the daemon's file lock, and where the server binaries are found."""
 import asyncio
+import contextlib
 import importlib.util
+import io
 import os
 import pwd
 import shutil
@@ -21,7 +23,8 @@ from ias.daemon import instance_lock
 from ias.config import Config
 from ias.errors import ClusterError, IasError
 from ias.locks import FileLock
-from ias.pgcluster import Cluster, find_bindir, wheel_bindir
+from ias.pgcluster import Cluster
+from ias.pgcluster.binaries import find_bindir, wheel_bindir
 from tests.support import REPO, slow
 
 # One iAs-like user of the cluster: start (or join) it, query, say "up", wait for a line, stop using it.
@@ -30,7 +33,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 import psycopg
 from ias.pgcluster import Cluster
-cluster = Cluster(sys.argv[1], fsync=False)
+cluster = Cluster(sys.argv[1], fsync=False, linger=float(sys.argv[3]) if len(sys.argv) > 3 else 0)
 with psycopg.connect(cluster.start(), autocommit=True) as conn:
     conn.execute("SELECT 1")
 print("up", flush=True)
@@ -102,14 +105,14 @@ class ClusterCase(unittest.TestCase):
                            cwd="/", user=self.datadir.stat().st_uid, capture_output=True, timeout=60)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def spawn(self, script: str, arg: Path) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", script, str(arg), str(REPO)], stdin=subprocess.PIPE,
+    def spawn(self, script: str, arg: Path, *more: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(arg), str(REPO), *more], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc
 
-    def user(self) -> subprocess.Popen:
-        return self.spawn(USER, self.datadir)
+    def user(self, linger: float = 0) -> subprocess.Popen:
+        return self.spawn(USER, self.datadir, str(linger))
 
     def up(self, proc: subprocess.Popen) -> None:
         self.assertEqual(proc.stdout.readline(), "up\n")
@@ -293,6 +296,122 @@ class ClusterTestCase(ClusterCase):
         Cluster(self.datadir).stop()
         self.assertTrue(self.answers())
         self.leave(user)
+
+    def test_a_command_s_cluster_says_where_it_creates_a_new_one_and_only_then(self):
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            first = Cluster(self.datadir, announce=True)
+            first.start()
+            first.stop()
+            again = Cluster(self.datadir, announce=True)
+            again.start()
+            again.stop()
+        self.assertEqual(said.getvalue(), f"ias: no database in {self.tmp.resolve()} yet: creating one there "
+                                          "(set IAS_DATA_DIR to use another data directory)\n")
+
+
+class LingerTestCase(ClusterCase):
+    """After its last user the server lingers, then a detached reaper stops it, unless someone uses it."""
+
+    def reapers(self) -> list[str]:
+        """The command lines of the reapers of this data directory still running."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"ias.pgcluster" in argv and str(self.datadir).encode() in argv:
+                found.append(b" ".join(argv).decode(errors="replace"))
+        return found
+
+    def stopped_by_the_reaper(self, postmaster: int) -> None:
+        """Wait on the facts: the postmaster gone, no reaper left, the idle mark removed."""
+        wait_gone(postmaster, timeout=30)
+        wait_until(lambda: not self.reapers())
+        self.assertFalse(Cluster(self.datadir).running())
+        self.assertFalse((self.tmp / "pg.idle").exists())
+
+    def test_the_last_user_leaves_it_running_for_the_linger_and_nothing_after(self):
+        user = self.user(linger=1)
+        self.up(user)
+        postmaster = self.postmaster()
+        left = time.monotonic()
+        self.leave(user)
+        self.assertTrue(self.answers())                 # lingering: the next command finds it running
+        self.assertEqual(len(self.reapers()), 1)
+        self.assertIn("idle for", Cluster(self.datadir, linger=1).state())
+        self.stopped_by_the_reaper(postmaster)
+        self.assertGreaterEqual(time.monotonic() - left, 1)
+
+    def test_a_user_within_the_linger_keeps_it_and_the_last_one_out_leaves_the_reaper(self):
+        first = self.user(linger=1)
+        self.up(first)
+        postmaster = self.postmaster()
+        self.leave(first)
+        second = self.user(linger=1)                    # joins the lingering server
+        self.up(second)
+        self.assertEqual(self.postmaster(), postmaster)
+        wait_until(lambda: not self.reapers())         # the first reaper found it in use and went
+        self.assertTrue(self.answers())
+        self.assertIn("in use", Cluster(self.datadir).state())
+        self.leave(second)
+        self.assertTrue(self.answers())
+        self.stopped_by_the_reaper(postmaster)
+
+    def test_a_later_mark_outlives_an_earlier_reaper(self):
+        first = self.user(linger=1)
+        self.up(first)
+        postmaster = self.postmaster()
+        self.leave(first)
+        late = self.user(linger=3)
+        self.up(late)
+        self.leave(late)                                # a newer mark: the first reaper is ended
+        self.assertEqual(len(self.reapers()), 1)        # one reaper waits at a time
+        time.sleep(1.5)                                 # past the first linger
+        self.assertTrue(self.answers())
+        self.stopped_by_the_reaper(postmaster)
+
+    def test_parallel_commands_on_a_stopped_cluster_then_nothing_left(self):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))},
+               "IAS_DATA_DIR": str(self.tmp), "IAS_PG_LINGER": "1"}
+        argv = [sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"]
+        commands = [subprocess.Popen(argv, env=env, cwd=self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True) for _ in range(4)]             # initdb and the schema race too
+        self.procs.extend(commands)
+        for proc in commands:
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual((proc.returncode, err), (0, ""))
+        self.stopped_by_the_reaper(self.postmaster())
+
+    def test_a_command_never_stops_the_server_under_a_daemon(self):
+        daemon = self.user(linger=0)                    # holds its share as the daemon does, for its life
+        self.up(daemon)
+        postmaster = self.postmaster()
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IAS_", "PG"))},
+               "IAS_DATA_DIR": str(self.tmp), "IAS_PG_LINGER": "0"}
+        for _ in range(2):
+            done = subprocess.run([sys.executable, str(REPO / "ias.py"), "audit", "--limit", "1"], env=env,
+                                  cwd=self.tmp, capture_output=True, text=True, timeout=120)
+            self.assertEqual((done.returncode, done.stderr), (0, ""))
+            self.assertEqual(self.postmaster(), postmaster)
+            self.assertTrue(self.answers())
+        self.assertEqual(self.reapers(), [])
+        self.leave(daemon)
+        wait_gone(postmaster)
+
+    def test_an_early_start_runs_beside_the_caller_and_hands_over_its_error(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.begin()
+        self.assertEqual(cluster.start(), cluster.dsn)
+        self.assertTrue(self.answers())
+        cluster.stop()
+        self.assertFalse(cluster.running())
+        broken = Cluster(self.tmp / "other", bindir=self.tmp / "no-binaries")
+        broken.begin()
+        with self.assertRaisesRegex(ClusterError, "failed: .*no-binaries"):
+            broken.start()
+        broken.stop()                                   # nothing held: nothing to do
 
 
 NOBODY = {"user": 65534, "group": 65534, "extra_groups": []}
@@ -520,7 +639,7 @@ class BindirTestCase(unittest.TestCase):
         closed = self.tmp / "closed"
         closed.mkdir(mode=0o700)
         system = self.server("lib/postgresql/15/bin")
-        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster import find_bindir; "
+        script = ("import sys; sys.path.insert(0, sys.argv[1]); from ias.pgcluster.binaries import find_bindir; "
                   "print(find_bindir(path=sys.argv[2], system=sys.argv[3], wheel=lambda: None))")
         os.chmod(self.tmp, 0o755)
         who = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}

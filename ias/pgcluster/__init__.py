@@ -1,61 +1,56 @@
 """The embedded PostgreSQL cluster: initdb on first use, a private unix socket, shared by every iAs process.
 
-Used when IAS_DATABASE_URL is unset. The cluster listens on no TCP port; its socket lives in
-the data directory itself (mode 0700). Every connection still authenticates with a password
-(SCRAM): a generated secret in `<datadir>.password` (mode 0600, the daemon's user, in libpq's
-passfile format), which the DSN names as `passfile`, so a process that reaches the socket anyway
-(a sandbox, a mount, root's `postgres` user) cannot connect without reading that file. A cluster
-that an older iAs created with `trust` gets a password on its next start (single-user mode,
-before the server starts). As root, initdb refuses to run, so the server runs as the `postgres`
-OS user, with that user's groups; iAs then never writes into the data directory as root (a
-link planted there would lead anywhere): its files are written by a child running as `postgres`.
+Used when IAS_DATABASE_URL is unset. The cluster listens on no TCP port; its socket lives in the data
+directory itself (mode 0700). Every connection still authenticates with a password (SCRAM): a generated
+secret in `<datadir>.password` (mode 0600, the daemon's user, libpq's passfile format), which the DSN
+names as `passfile`, so a process that reaches the socket anyway (a sandbox, a mount, root's `postgres`
+user) cannot connect without reading that file. A cluster an older iAs created with `trust` gets a
+password on its next start (single-user mode, before the server starts). As root, initdb refuses to
+run, so the server runs as the `postgres` OS user, with its groups; iAs then never writes into the data
+directory as root (a planted link would lead anywhere): a child running as `postgres` writes its files.
 
 Sharing: every process that uses the cluster holds a shared flock on `<datadir>.users` for as
 long as it does; starting and stopping are serialised by an exclusive flock on `<datadir>.lock`.
 A process that is done drops its share and, under the start lock, tries to take the users lock
-exclusively: only when that succeeds is nobody else using the server, and it is stopped. A
-killed process (kill -9 included) drops its share with its descriptors, so it never keeps the
-server up for good — but a server whose last user was killed keeps running until the next user
-exits. A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a
-postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
-runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
-start the next one first. The server's log (`server.log`, appended to by every start and stop) is
-moved to `server.log.1` by the next start once it passes SERVER_LOG_MAX. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
-Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
-waits for iAs's own connections, is waited for up to CLUSTER_START_TIMEOUT.
+exclusively: only when that succeeds is nobody else using the server. Then the server lingers
+IAS_PG_LINGER seconds, so that a script's next command finds it running, and a detached reaper stops
+it (linger.py); linger 0 stops it at once. A killed process (kill -9 included) drops its share with
+its descriptors, so it never keeps the server up for good. `begin` starts (or joins) the server in a
+thread, so a command imports and loads meanwhile. Where the binaries are: binaries.py.
+A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a postmaster.pid
+naming a live postmaster of this directory) is waited for, never fought: a start runs `pg_ctl start`
+only when no server is alive, and after a stop gives a restart a moment to start the next one first.
+A start moves `server.log` past SERVER_LOG_MAX to `server.log.1`; WAL is bounded (max_wal_size 256MB).
+Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else (it waits
+for iAs's own connections) is waited for up to CLUSTER_START_TIMEOUT.
 """
 from __future__ import annotations
 
 import base64
-import glob
 import hashlib
 import hmac
-import importlib.util
 import itertools
 import logging
 import os
 import pwd
 import secrets
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable
 
-from .errors import ClusterError
-from .limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
-                     CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT, SERVER_LOG_MAX)
-from .locks import FileLock
+from ..errors import ClusterError
+from ..limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
+                      CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT, SERVER_LOG_MAX)
+from ..locks import FileLock
+from . import linger
+from .binaries import alive_postgres, find_bindir, unreachable
 
 log = logging.getLogger(__name__)
 
 PORT = 5432
 SOCKET_PATH_MAX = 107          # sun_path limit on Linux, including the socket file name
-SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
-SYSTEM_BINDIRS = "/usr/lib/postgresql/*/bin"
-INSTALL_HINT = ("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH, under "
-                f"{SYSTEM_BINDIRS} or in the pgserver wheel: install PostgreSQL (Debian: apt-get install "
-                "postgresql), or the wheel (pip install '.[embedded]', or pip install pgserver), "
-                "or set IAS_DATABASE_URL to an existing database")
 
 # A small home server: one daemon, a few commands, little data. Each line saves memory or a process.
 TUNING = (
@@ -77,8 +72,7 @@ TUNING = (
     "max_logical_replication_workers = 0",        # ... and no logical replication launcher process
     "autovacuum_max_workers = 1",                 # autovacuum stays on (tables are updated), one worker
     "autovacuum_naptime = 5min",
-    "jit = off",
-    "log_checkpoints = off",
+    "jit = off", "log_checkpoints = off",
 )
 
 PASSWORD_BYTES = 32
@@ -118,57 +112,25 @@ def _conninfo_value(value: object) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def wheel_bindir() -> Path | None:
-    """The `pgserver` wheel's server binaries, located without importing the package (or None)."""
-    try:
-        spec = importlib.util.find_spec("pgserver")
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        return Path(location) / "pginstall" / "bin"
-    return None
-
-
-def _has_server(directory: Path) -> bool:
-    # os.path.isfile, not Path.is_file: an unreadable directory (PATH holding /root/bin while
-    # running as another user) is "not here", where Path.is_file raises PermissionError.
-    return all(os.path.isfile(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
-
-
-def _version(directory: str) -> int:
-    name = Path(directory).parent.name
-    return int(name) if name.isdigit() else 0
-
-
-def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
-                wheel: Callable[[], Path | None] = wheel_bindir) -> Path:
-    """The directory holding initdb, pg_ctl and postgres: on PATH, else the newest `system` match, else the wheel's."""
-    candidates = []
-    for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        if entry and os.path.isfile(os.path.join(entry, "pg_ctl")):     # never raises (see _has_server)
-            candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
-    candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
-    bundled = wheel()
-    if bundled is not None:
-        candidates.append(bundled)
-    for directory in candidates:
-        if _has_server(directory):
-            return directory
-    raise ClusterError(INSTALL_HINT)
-
-
 class Cluster:
     """One PostgreSQL data directory, shared with every other iAs process that uses it."""
     log_max = SERVER_LOG_MAX           # bytes of server.log before a start rotates it
 
-    def __init__(self, datadir: Path, *, fsync: bool = True, bindir: Path | None = None):
+    def __init__(self, datadir: Path, *, fsync: bool = True, bindir: Path | None = None, linger: float = 0,
+                 announce: bool = False):
         self.datadir = Path(datadir).resolve()
         self.fsync = fsync
         self.bindir = bindir
+        self.linger = linger                # seconds the server stays up after its last user left
+        self.announce = announce            # a command's: say on stderr where a new cluster is being created
         self._user: str | None = "postgres" if os.geteuid() == 0 else None
         self.passfile = self._sibling(".password")
+        self.idle_file = self._sibling(".idle")     # the last user's mark: which reaper may stop the server
         self._users = FileLock(self._sibling(".users"))
         self._start_lock = FileLock(self._sibling(".lock"))
+        self._guard = threading.Lock()      # this process's start, stop and early start, one at a time
+        self._early: threading.Thread | None = None
+        self._early_error: BaseException | None = None
 
     def _sibling(self, suffix: str) -> Path:
         """A file next to the data directory, in the daemon's own directory (never the server's)."""
@@ -220,8 +182,8 @@ class Cluster:
 
     def _unreadable(self, bindir: Path, why: object) -> str:
         return (f"the '{self._user}' OS user cannot run the PostgreSQL binaries in {bindir} ({why}); as root the "
-                f"embedded server runs as that user: install PostgreSQL system-wide (apt-get install postgresql), "
-                f"or install pgserver where that user can read it (not in a venv under /root)")
+                "embedded server runs as that user: install PostgreSQL system-wide (apt-get install postgresql), or "
+                "install pgserver where that user can read it (not in a venv under /root)")
 
     def _check_runnable(self) -> None:
         """As root: fail with a clear line when the `postgres` user cannot run the binaries (a venv under /root)."""
@@ -271,8 +233,30 @@ class Cluster:
         """Whether a server is up and ready on this data directory (postmaster.pid and the socket; no process
         spawned, so a command that finds the server running starts fast)."""
         found = self._postmaster()
-        return (found is not None and found[1] == "ready" and _alive_postgres(found[0])
+        return (found is not None and found[1] == "ready" and alive_postgres(found[0])
                 and (self.datadir / f".s.PGSQL.{PORT}").exists())
+
+    def begin(self) -> None:
+        """Start (or join) the server in a background thread while the caller goes on importing and loading;
+        `start` then waits for it and raises what it raised, `stop` waits for it too."""
+        if self._early is None:
+            self._early = threading.Thread(target=self._start_early, name="ias-cluster-start", daemon=True)
+            self._early.start()
+
+    def _start_early(self) -> None:
+        try:
+            self.start()
+        except BaseException as exc:            # handed to the caller's own start
+            self._early_error = exc
+
+    def _settle(self) -> BaseException | None:
+        """Wait for an early start (from any other thread); its error, once."""
+        early = self._early
+        if early is None or early is threading.current_thread():
+            return None
+        early.join()
+        error, self._early_error = self._early_error, None
+        return error
 
     def start(self) -> str:
         """Use the cluster: create it if needed, start it unless it already runs; return its DSN.
@@ -280,23 +264,29 @@ class Cluster:
         Idempotent and cheap while this process uses a running server; called again after the
         server died, it starts it again.
         """
-        if self._users.held and self.running():
-            return self.dsn
-        with self._start_lock:
-            joined = self._users.acquire(shared=True) if not self._users.held else False
-            try:
-                self._ensure_running()
-            except BaseException:
-                if joined:
-                    self._users.release()
-                raise
+        error = self._settle()
+        if error is not None:
+            raise error
+        with self._guard:
+            if self._users.held and self.running():
+                return self.dsn
+            with self._start_lock:
+                joined = self._users.acquire(shared=True) if not self._users.held else False
+                try:
+                    self._ensure_running()
+                except BaseException:
+                    if joined:
+                        self._users.release()
+                    raise
         return self.dsn
 
     def _ensure_running(self) -> None:
         self._prepare_dir()
         if not self.initialised():
             self._check_runnable()
-            log.info("creating the embedded PostgreSQL cluster in %s", self.datadir)
+            if self.announce:
+                print(f"ias: no database in {self.datadir.parent} yet: creating one there (set IAS_DATA_DIR to use "
+                      "another data directory)", file=sys.stderr)
             password = secrets.token_hex(PASSWORD_BYTES)
             self._initdb(password)
             self._write("postgresql.conf", "\ninclude_if_exists = 'ias.conf'\n", append=True)
@@ -360,7 +350,7 @@ class Cluster:
     def _postmaster_alive(self, pid: int) -> bool:
         """Whether `pid` is a live postmaster of this data directory (a postgres process whose working directory
         it is, where that can be read: a stale pid reused by another postgres is not waited for)."""
-        if not _alive_postgres(pid):
+        if not alive_postgres(pid):
             return False
         try:
             return os.readlink(f"/proc/{pid}/cwd") == str(self.datadir)
@@ -371,7 +361,7 @@ class Cluster:
         """Whether postgres processes of this data directory still run (a killed server's backends finish their
         statement before they notice: a long one keeps the shared memory, and so a new start, waiting)."""
         for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and _alive_postgres(int(entry.name)):
+            if entry.name.isdigit() and alive_postgres(int(entry.name)):
                 try:
                     if os.readlink(entry / "cwd") == str(self.datadir):
                         return True
@@ -425,9 +415,8 @@ class Cluster:
         self._write("ias.conf", "\n".join(settings) + "\n")
 
     def _rotate_log(self) -> None:
-        """Before a start (every command run while the daemon is down starts the server, and pg_ctl appends its
-        log): a server.log over `log_max` bytes becomes server.log.1, replacing the older one, so the log
-        takes at most about twice the limit (a server running for months appends only its warnings)."""
+        """Before a start: a server.log over `log_max` bytes becomes server.log.1 (replacing the older one), so the
+        log takes at most about twice the limit (a running server appends only its warnings)."""
         log_file = self.datadir / SERVER_LOG
         try:
             if os.lstat(log_file).st_size <= self.log_max:
@@ -440,38 +429,72 @@ class Cluster:
             log.warning("cannot rotate %s: %s", log_file, (result.stderr.strip().splitlines() or ["no output"])[-1])
 
     def stop(self) -> None:
-        """Stop using the cluster; the server is stopped only when no other iAs process uses it."""
-        if not self._users.held:
-            return
+        """Stop using the cluster; the server is stopped only when no other iAs process uses it, after the
+        linger (by this process's reaper, unless someone uses it meanwhile) or at once with linger 0."""
+        self._settle()
+        with self._guard:
+            if not self._users.held:
+                return
+            with self._start_lock:
+                self._users.release()
+                last = FileLock(self._users.path)
+                if not last.acquire(wait=False):
+                    return                              # another process still uses the server
+                try:
+                    if self._postmaster() is not None and not (self.linger > 0 and self._linger()):
+                        self._pg_stop()
+                finally:
+                    last.release()
+
+    def _pg_stop(self) -> None:
+        """Stop the server (the caller holds the start lock and the users lock exclusively)."""
+        self.idle_file.unlink(missing_ok=True)
+        self._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "fast", "-w",
+                  "-t", str(CLUSTER_START_TIMEOUT), check=False)
+        log.info("embedded PostgreSQL stopped")
+
+    def _linger(self) -> bool:
+        """Leave the server running for the linger; False when no reaper could be left (then stop it now)."""
+        try:
+            linger.leave(self.idle_file, self.datadir, self.bindir, self.linger)
+        except OSError as exc:
+            log.warning("cannot leave the embedded PostgreSQL running for %gs (%s): stopping it now", self.linger, exc)
+            return False
+        log.info("embedded PostgreSQL left running for %gs after its last user", self.linger)
+        return True
+
+    def reap(self, token: str) -> bool:
+        """The reaper's end: stop the server when the idle mark is still `token` (nobody left a newer one) and
+        nobody uses it; True when it was stopped."""
         with self._start_lock:
-            self._users.release()
-            last = FileLock(self._users.path)
-            if not last.acquire(wait=False):
-                return                                  # another process still uses the server
+            mark = linger.mark(self.idle_file)
+            if mark is None or mark[0] != token or not self._users.acquire(wait=False):
+                return False                            # a later user's reaper is due, or it is in use
             try:
-                if self._postmaster() is not None:
-                    self._run("pg_ctl", "stop", "-D", str(self.datadir), "-m", "fast", "-w",
-                              "-t", str(CLUSTER_START_TIMEOUT), check=False)
-                    log.info("embedded PostgreSQL stopped")
+                if self._postmaster() is None:
+                    self.idle_file.unlink(missing_ok=True)
+                    return False
+                self._pg_stop()
+                return True
             finally:
-                last.release()
+                self._users.release()
+
+    def state(self) -> str:
+        """For `doctor`: whether the server runs, is in use or lingers, and for how long (no state changed)."""
+        lingering = f"stays up {self.linger:g}s after the last command (IAS_PG_LINGER)"
+        with self._start_lock:
+            if not self.running():
+                return f"stopped; started on demand, {lingering}"
+            if self._users.held or not self._users.acquire(wait=False):
+                return f"running, in use; {lingering}"
+            self._users.release()
+            idle = linger.idle_for(self.idle_file)
+            if idle is None:
+                return f"running, unused and unmarked (its last user was killed); {lingering}"
+            return f"running, idle for {idle:.0f}s; {lingering}"
 
 
-def unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
-    """The first of `directory` and its ancestors that `uid` (in `gids`) may not search, or None."""
-    for path in [*reversed(directory.parents), directory]:
-        st = path.stat()
-        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in gids else 0o001
-        if not st.st_mode & bit:
-            return path
-    return None
+def embedded(config) -> Cluster | None:
+    """The embedded cluster a Config names (its directory and linger), or None with IAS_DATABASE_URL."""
+    return None if config.database_url else Cluster(config.cluster_dir, linger=config.pg_linger, announce=True)
 
-
-def _alive_postgres(pid: int) -> bool:
-    """Whether `pid` is a live (not zombie) postgres process; a stale postmaster.pid names a dead one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    comm, _, rest = stat.partition(" (")[2].rpartition(") ")
-    return comm == "postgres" and not rest.startswith(("Z", "X"))
