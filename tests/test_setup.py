@@ -221,6 +221,8 @@ class FirstRunTest(unittest.TestCase):
             self.assertEqual(done.returncode, 0, done.describe())
             self.assertEqual(stat.S_IMODE(env_file.stat().st_mode), 0o600)
             self.assertIn(str(env_file), done.stdout)
+            with env_file.open("a") as settings:      # the cluster stops with its last user: nothing left to wait out
+                settings.write("IAS_PG_LINGER=0\n")
 
             daemon = self.copy.daemon()         # `make run`: python ias.py, the console, no OPENAI_* exported
             line = daemon.reply("你好")
