@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import openai  # noqa: F401  iAs imports it on its first request, 1-3 s (more beside other suites) taken out of
+                #   whatever deadline a test gives that request; tests/test_llm.py checks that import on its own
 import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
@@ -39,12 +42,13 @@ from ias.config import Config
 from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
 from ias.store import Store
+from tests.schema_maker import schema_dsn
 
 REPO = Path(__file__).resolve().parent.parent
 SKILL_LIB = str(REPO / "resources" / "lib")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-_server: dict[str, str] = {}
+_server: dict = {}        # "dsn", and "maker": the schema maker once started
 
 
 def server_dsn() -> str:
@@ -70,6 +74,8 @@ def server_dsn() -> str:
             if threading.current_thread() is threading.main_thread() \
                     and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                 def terminated(signum, _frame) -> None:     # `timeout`, a CI limit: no cluster left behind
+                    if "maker" in _server:
+                        _server["maker"].process.kill()
                     cleanup()
                     os._exit(128 + signum)
                 signal.signal(signal.SIGTERM, terminated)
@@ -82,12 +88,62 @@ def fresh_schema_dsn() -> tuple[str, str]:
     name = "t_" + uuid.uuid4().hex[:12]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")
-    return make_conninfo(dsn, options=f"-c search_path={name}"), name
+    return schema_dsn(dsn, name), name
+
+
+def migrated_schema_dsn() -> tuple[str, str]:
+    """As fresh_schema_dsn, the schema already at the latest migration (made ahead by tests/schema_maker.py)."""
+    name = _maker().take()
+    return schema_dsn(server_dsn(), name), name
 
 
 def drop_schema(name: str) -> None:
-    with psycopg.connect(server_dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    """Drop a test's schema, in the schema maker's process: the next test does not wait for it."""
+    _maker().drop(name)
+
+
+class _SchemaMaker:
+    """The process of tests/schema_maker.py for this test process (its own throwaway files removed at exit)."""
+
+    def __init__(self, dsn: str):
+        self.errors = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.schema_maker", dsn], cwd=REPO, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
+        self.lock = threading.Lock()
+
+    def take(self) -> str:
+        with self.lock:
+            name = self.process.stdout.readline().strip()
+            if not name:
+                self.errors.seek(0)
+                raise RuntimeError("tests/schema_maker.py stopped: " + self.errors.read().decode(errors="replace"))
+            self.process.stdin.write("make\n")
+            self.process.stdin.flush()
+            return name
+
+    def drop(self, name: str) -> None:
+        with self.lock:
+            self.process.stdin.write(f"drop {name}\n")
+            self.process.stdin.flush()
+
+    def close(self) -> None:
+        """Drop what is left, before the cluster stops."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self.errors.close()
+
+
+def _maker() -> _SchemaMaker:
+    if "maker" not in _server:
+        dsn = server_dsn()
+        _server["maker"] = maker = _SchemaMaker(dsn)
+        atexit.register(maker.close)       # runs before the cluster's cleanup, registered earlier
+    return _server["maker"]
 
 
 FAST = os.environ.get("IAS_TEST_FAST", "") == "1"
@@ -100,10 +156,10 @@ slow = unittest.skipIf(FAST, "runs iAs as a process or a cluster of its own: ski
 # - a test's own coroutine (test_*, asyncSetUp, asyncTearDown) blocking on purpose: `ias` run as a process,
 #   SQL through `sql()`, a FlakyStore losing its database, writing a few hundred skills;
 # - a step of the daemon's own tasks under SLOW_CALLBACK seconds: on a machine running other suites a
-#   10 ms step takes 0.2 s. A step over it (e.g. importing openai on the loop, 1-3 s) is still reported.
+#   10 ms step takes 0.2 s, and 0.6 s with four test processes on two cores. A step over it (e.g. importing openai on the loop, 1-3 s) is still reported.
 # And "Close running child process: kill …": the runner, cancelled, sends SIGKILL to a skill's group and closes
 # its transport before the child is reaped (asyncio reaps it after); debug mode only.
-SLOW_CALLBACK = 0.5
+SLOW_CALLBACK = 1.0
 _TEST_STEP = re.compile(r"coro=<\w+\.(?:test_\w*|asyncSetUp|asyncTearDown)\(\)")
 
 
@@ -136,7 +192,7 @@ class StoreTestCase(unittest.IsolatedAsyncioTestCase):
         server_dsn()        # start the cluster outside the event loop
 
     async def asyncSetUp(self) -> None:
-        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.dsn, self.schema_name = migrated_schema_dsn()
         self.chain = test_chain(self)
         self.store = await Store.open(self.dsn, chain=self.chain)
 
