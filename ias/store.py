@@ -954,6 +954,9 @@ class Store:
             except psycopg.OperationalError as exc:     # the server went away in between
                 await conn.close()
                 raise StoreError(f"cannot LISTEN: {_first_line(exc)}") from None
+            except BaseException:                       # cancelled mid-LISTEN: not kept, so closed here
+                await conn.close()
+                raise
             self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ that dies mid-module is reported as that module's error, its remaining modules r
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -27,6 +28,7 @@ import tempfile
 import time
 import unittest
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,8 +57,11 @@ def run_module(name: str) -> dict:
         os.dup2(printed.fileno(), 1)
         os.dup2(printed.fileno(), 2)
         try:
-            suite = unittest.defaultTestLoader.loadTestsFromName(name)
-            result = unittest.TextTestRunner(stream=stream, verbosity=0, warnings="default").run(suite)  # as unittest.main
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")    # as unittest.main: ResourceWarning shown
+                suite = unittest.defaultTestLoader.loadTestsFromName(name)
+                result = unittest.TextTestRunner(stream=stream, verbosity=0).run(suite)
+                gc.collect()                        # what the module left unclosed warns now, as its own noise
         except Exception as exc:                    # an import error
             return {"module": name, "seconds": 0.0, "run": 0, "failures": 0, "errors": 1, "skipped": 0,
                     "unexpected": 0, "noise": "", "report": f"ERROR: cannot import {name}: {exc!r}\n"}
