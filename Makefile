@@ -26,9 +26,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $(STAMP)
 
-run: $(STAMP)
+# The `qr` extra (segno) draws the WeChat login's QR code in the terminal; `make test` does not need it.
+$(VENV)/.qr: $(STAMP)
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[qr]' && touch $@ || \
+		echo "could not install segno: WeChat login will show a link instead of a QR code"
+
+# No LLM configured (environment or ias.env in the data directory) and a person at the terminal: `ias setup` first.
+run: $(STAMP) $(VENV)/.qr
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_DATABASE_URL)
+	@if [ -t 0 ] && $(PY) -c 'import sys; from ias.setup import needed; sys.exit(0 if needed() else 1)'; then \
+		$(PY) ias.py setup || exit 1; fi
 	$(PY) ias.py
 
 test: $(STAMP)

@@ -45,8 +45,9 @@ HELP = """iAs 命令：
 /run 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）
 /reset — 清空对话记录
 其他消息会交给大模型处理。"""
-NO_LLM = "还没有配置大模型：请设置 OPENAI_API_KEY（可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
+NO_LLM = "还没有配置大模型：请运行 python ias.py setup（或设置 OPENAI_API_KEY，可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
+KEY_REFUSED = "大模型服务拒绝了密钥：请检查 OPENAI_API_KEY"      # a 401/403: waiting will not help
 TOOLS_REFUSED = ("大模型服务拒绝了这次请求的工具列表（技能太多或定义太长）：请调低 IAS_MAX_TOOLS 或 "
                  "IAS_TOOLS_BYTES，或减少技能。")
 TURN_TIMEOUT_REPLY = "抱歉，这次处理超时了，请稍后再试。"
@@ -119,7 +120,7 @@ class Agent:
     async def chat(self, user_id: str, text: str, notify: Notify | None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
-        from .llm import LLMError, ToolsRefused
+        from .llm import KeyRefused, LLMError, ToolsRefused
         new: list[dict] = [{"role": "user", "content": text}]
         clock = TurnClock(self.turn_timeout)
         try:
@@ -127,7 +128,8 @@ class Agent:
                 reply = await self._rounds(user_id, text, new, notify, clock)
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
-            reply = TOOLS_REFUSED if isinstance(exc, ToolsRefused) else APOLOGY
+            reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else KEY_REFUSED if isinstance(exc, KeyRefused)
+                     else APOLOGY)
         except TimeoutError:
             if not clock.expired():
                 raise

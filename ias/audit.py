@@ -381,7 +381,8 @@ async def _walk_span(job: dict) -> dict:
 
 def format_row(row: AuditRow) -> str:
     """One audit row as a single line for `ias audit`."""
-    parts = [f"{row.id:>6}", row.at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), row.event]
+    from .clock import stamp
+    parts = [f"{row.id:>6}", stamp(row.at), row.event]
     for label, value in (("user", row.user_id), ("skill", row.skill_name), ("risk", row.risk),
                          ("decision", row.decision), ("exit", row.exit_code), ("ms", row.duration_ms),
                          ("bytes", row.output_size), ("approval", row.approval_id), ("detail", row.detail)):

@@ -30,16 +30,14 @@ import hashlib
 import hmac
 import json
 import os
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Iterator
 
 from .errors import IasError
-
-if TYPE_CHECKING:
-    from .store import ChainRow
 
 KEYED = "k1:"                           # prefix of every keyed value; older rows hold a bare SHA-256
 _CONTEXT = b"ias audit chain v1"        # what the chain key is derived for (never the secret itself)
@@ -72,6 +70,33 @@ class Head:
     """The newest row a writer committed, as recorded outside the database."""
     id: int
     value: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One row of the audit log as stored (the store reads and writes it; re-exported by `ias.store`)."""
+    id: int
+    at: datetime
+    event: str
+    user_id: str | None
+    skill_name: str | None
+    params: Any
+    risk: str | None
+    approval_id: uuid.UUID | None
+    decision: str | None
+    exit_code: int | None
+    duration_ms: int | None
+    output_size: int | None
+    truncated: bool | None
+    detail: str | None
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow(AuditRow):
+    """An audit row as the chain covers it: `params` is jsonb's text. Defined here, beside `seal`,
+    so that the chain needs nothing of the store."""
 
 
 def seal(key: bytes, row: ChainRow) -> str:

@@ -118,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
+    from .setup import PRESETS
+    setup = sub.add_parser("setup", help="first run: LLM provider, key and model (tested), written to the env file "
+                                         "$IAS_DATA_DIR/ias.env; then an optional WeChat login")
+    setup.add_argument("--provider", choices=[p.name for p in PRESETS],
+                       help="no questions: this preset, the key from OPENAI_API_KEY (for scripts)")
+    setup.add_argument("--model", type=_text, help="the chat model (default: the preset's)")
+    setup.add_argument("--base-url", type=_text, help="the endpoint (default: the preset's; needed for `other`)")
+
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
@@ -152,11 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_wechat(config, args.action))
         if args.command == "doctor":
             return asyncio.run(cmd_doctor(config))
+        if args.command == "setup":
+            from .setup import run_setup
+            return run_setup(config, args.provider, args.model, args.base_url)
         if args.once is not None:
             from .oneoff import run_once
             return asyncio.run(run_once(config, args.once))
         from .daemon import run_daemon
-        logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+        logging.getLogger("ias").setLevel(logging.DEBUG if args.verbose else _daemon_log_level())
         return asyncio.run(run_daemon(config))
     except IasError as exc:
         print(f"ias: {exc}", file=sys.stderr)
@@ -170,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)
         return 1
+
+
+def _daemon_log_level() -> int:
+    """INFO for a log (the journal, a file, a pipe); WARNING when the owner chats on this terminal, so that
+    the progress lines do not interleave with the replies (-v shows everything)."""
+    try:
+        chatting = sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        chatting = False
+    return logging.WARNING if chatting else logging.INFO
 
 
 def not_dumpable() -> None:

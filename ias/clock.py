@@ -7,7 +7,8 @@ across zones) and the monotonic clock (timers and deadlines that a wall-clock ju
 Modules take its bound methods (`now=`, `monotonic=`); tests pass those of `tests.support.FakeClock`.
 
 Not handled: any other zone (a setting for it, per-user zones), DST rules (Shanghai has none), leap
-seconds. Presenting times to the owner is the scheduler's (`scheduler.when_text`), not this module's.
+seconds. Presenting times in the owner's messages is the scheduler's (`scheduler.when_text`); `stamp` is
+the form of the command-line listings (Beijing time with its zone, whatever the machine's zone is).
 """
 from __future__ import annotations
 
@@ -36,3 +37,9 @@ class Clock:
 
 
 SYSTEM = Clock()            # stateless: the default of every `now=` and `monotonic=`
+
+
+def stamp(moment: datetime, seconds: bool = True) -> str:
+    """`moment` as a person reads it in a listing: Beijing time with its zone (`2026-12-03 14:00:05 CST`)."""
+    local = moment.astimezone(TZ)
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")

@@ -13,6 +13,8 @@ import json
 import sys
 from dataclasses import asdict
 
+from .clock import stamp
+
 
 def cmd_skills(config, args) -> int:
     from .registry import registry
@@ -121,7 +123,7 @@ async def cmd_run(config, name: str, params_text: str) -> int:
 async def cmd_approvals(config, include_closed: bool) -> int:
     return await _listing(config, lambda store: store.approvals(include_closed),
                           "no approvals" if include_closed else "no pending approvals",
-                          lambda row: f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.status:<8}  "
+                          lambda row: f"{stamp(row.created_at)}  {row.status:<8}  "
                                       f"{row.user_id}  {row.skill_name}  attempts_left={row.attempts_left}  id={row.id}")
 
 
@@ -129,7 +131,7 @@ async def cmd_outbox(config, include_done: bool) -> int:
     def line(row) -> str:
         preview = " ".join(row.text.split())
         preview = preview[:40] + ("…" if len(preview) > 40 else "")
-        return (f"{row.created_at.astimezone():%Y-%m-%d %H:%M:%S}  {row.state:<8}  {row.kind:<8}  {row.channel:<7}  "
+        return (f"{stamp(row.created_at)}  {row.state:<8}  {row.kind:<8}  {row.channel:<7}  "
                 f"attempts={row.attempts}  reason={row.reason or '-'}  {row.client_id}  {preview}")
     return await _listing(config, lambda store: store.outbox_rows(include_done),
                           "no messages" if include_done else "nothing queued", line)
@@ -197,9 +199,10 @@ async def cmd_tasks(config, args) -> int:
                     print("no tasks" if args.all else "no enabled tasks (see --all)")
                 for t in tasks if not args.json else ():
                     nxt = upcoming(t)[:1]
-                    state = f"next {nxt[0]:%Y-%m-%d %H:%M}" if nxt else ("paused" if t.next_run_at is None else "done")
+                    state = f"next {stamp(nxt[0], seconds=False)}" if nxt else ("paused" if t.next_run_at is None
+                                                                                  else "done")
                     last = f"last {delivery[t.id]}" if t.id in delivery else "last -"
-                    print(f"{t.id:>4}  {t.kind:<8}  {t.schedule:<18}  {state:<22}  {last:<15}  {t.name}: {t.text}")
+                    print(f"{t.id:>4}  {t.kind:<8}  {t.schedule:<18}  {state:<26}  {last:<15}  {t.name}: {t.text}")
                 return 0
             if args.action == "add":
                 user = args.user or await resolve_owner(config, store)
@@ -224,7 +227,7 @@ async def cmd_tasks(config, args) -> int:
         print(f"task {task.id} ({task.kind}, {task.schedule}): {task.name}"
               + ("" if task.enabled else " — paused"))
         for when in runs:
-            print(f"  next: {when:%Y-%m-%d %H:%M:%S} (Beijing time)")
+            print(f"  next: {stamp(when)}")
     return 0
 
 
@@ -234,12 +237,11 @@ async def cmd_wechat(config, action: str) -> int:
     from .channels.wechat.login import login, logout, status
     async with open_store(config) as store:
         if action == "login":
-            done = await login(store, config.wechat_base_url or DEFAULT_BASE_URL, out=print,
-                               ask=lambda prompt: asyncio.to_thread(input, prompt))
-            print(f"已登录：owner {done['owner']}, bot {done['bot_id']}. Restart the daemon to use WeChat.")
+            await login(store, config.wechat_base_url or DEFAULT_BASE_URL, out=print,      # its last line says done
+                        ask=lambda prompt: asyncio.to_thread(input, prompt))
         elif action == "logout":
             await logout(store)
-            print("WeChat login forgotten.")
+            print("已退出微信登录（本机保存的登录信息已删除）。")
         else:
             state = await status(store)
             for key, value in asdict(state).items():

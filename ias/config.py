@@ -1,4 +1,7 @@
-"""Configuration: optional ias.toml, overridden by the environment; secrets from the environment only."""
+"""Configuration: optional ias.toml, then the env file ($IAS_DATA_DIR/ias.env, `envfile`), then the real
+environment, each overriding the one before; secrets from the env file or the environment only.
+
+The data directory itself comes from the real environment or ias.toml, never from the env file it holds."""
 from __future__ import annotations
 
 import importlib
@@ -12,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
+from . import envfile
 from .errors import ConfigError
 from .limits import (APPROVAL_TIMEOUT, FALLBACK_AFTER, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
                      MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
@@ -109,6 +113,7 @@ class Config:
         """The secret key (approval codes, the audit chain): IAS_SECRET_KEY_FILE, else in the data directory."""
         return self.secret_key_file or self.data_dir / "secret.key"
 
+    env_file = _in_data_dir("ias.env", "KEY=VALUE settings and secrets read by every command (`ias setup` writes it).")
     audit_head = _in_data_dir("audit.head", "The audit chain's newest row (id and keyed value), outside the database.")
     cluster_dir = _in_data_dir("pg", "The embedded PostgreSQL cluster (no IAS_DATABASE_URL); pgcluster.Cluster names "
                                      "its sibling files (pg.password, pg.users, pg.lock).")
@@ -190,6 +195,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
         except RecursionError:
             raise ConfigError(f"{file}: values nested too deeply") from None
 
+    env = _with_env_file(env, data.get("data_dir"))
     values: dict = {}
     skills_table = data.pop("skills", {})
     sandbox = _sandbox_table(file, data.pop("sandbox", {}))
@@ -231,6 +237,17 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     if config.data_dir.exists() and not config.data_dir.is_dir():
         raise ConfigError(f"IAS_DATA_DIR {config.data_dir} is not a directory")
     return config
+
+
+def _with_env_file(env: dict[str, str], toml_data_dir) -> dict[str, str]:
+    """`env` over the env file's settings, the env file being in the data directory that the real environment
+    (else ias.toml, else the default) names; its own IAS_DATA_DIR and IAS_CONFIG are not used."""
+    where = env.get("IAS_DATA_DIR", "").strip() or (toml_data_dir if isinstance(toml_data_dir, str) else None)
+    path = (Config(data_dir=Path(where)) if where else Config()).env_file
+    settings = envfile.read(path) if path.parent.is_dir() else {}      # not a directory: load() says so
+    for name in ("IAS_DATA_DIR", "IAS_CONFIG"):
+        settings.pop(name, None)
+    return {**settings, **env}
 
 
 def mail_server(prefix: str, environ: Mapping[str, str]):

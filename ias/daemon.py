@@ -49,7 +49,8 @@ async def instance_lock(config: Config) -> AsyncIterator[None]:
 
 async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: float = DB_LOST_LIMIT,
                      statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
-    """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT (exit 0) or a failure (exit 1).
+    """The daemon: store and recovery, channels, agent; until SIGTERM/SIGINT/SIGHUP, or /exit or Ctrl-D on the
+    console (exit 0), or a failure (exit 1).
 
     Every background task runs under one supervisor: one that crashes, or a database that stays
     unreachable past `db_lost_limit` seconds, stops the daemon with exit status 1 so that the
@@ -59,17 +60,17 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):     # SIGHUP: the terminal was closed
         loop.add_signal_handler(sig, stop.set)
     cluster = None if config.database_url else Cluster(config.cluster_dir)
     async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
         if llm is None:
-            log.warning("OPENAI_API_KEY is not set: only /commands will work")
+            log.warning("OPENAI_API_KEY is not set: only /commands will work (run `python ias.py setup`)")
         supervisor = Supervisor()
         monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
                                   limit=db_lost_limit)
         user = await resolve_owner(config, store)
-        console = ConsoleChannel(user, stdin=stdin, stdout=stdout)
+        console = ConsoleChannel(user, stdin=stdin, stdout=stdout, prompt=True)
 
         async def stale(note: str) -> None:
             await console.send(user, note)
@@ -119,7 +120,8 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             level = c.runner.sandbox.level()
             log.info("iAs is running (pid %d; channels: %s; sandbox: %s)", os.getpid(), ", ".join(channels),
                      level if level.full or level.name == "partial" else f"{level} ({level.missing})")
-            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait())]
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(supervisor.failed.wait()),
+                     asyncio.ensure_future(console.ended.wait())]       # /exit, or Ctrl-D on a terminal
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:

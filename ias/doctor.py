@@ -71,13 +71,30 @@ async def cmd_doctor(config) -> int:
         line(False, "database", str(exc))
     async with open_llm(config) as llm:
         if llm is None:
-            line(False, "llm", "OPENAI_API_KEY is not set")
+            line(False, "llm", "OPENAI_API_KEY is not set (run `ias setup`)")
         else:
-            try:
-                line(True, "llm", f"{config.openai_base_url or 'https://api.openai.com/v1'}: {await llm.check()}")
-            except Exception as exc:              # any endpoint failure is a finding, not a crash
-                line(False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})")
+            line(*await llm_line(config, llm))
     return 1 if failed else 0
+
+
+async def llm_line(config, llm) -> tuple[bool | None, str, str]:
+    """doctor's look at the endpoint: its model list; a warning for a model it does not list (none for an
+    endpoint without a list), a failure for a refused key or an endpoint that cannot be reached."""
+    from .agent import KEY_REFUSED
+    from .llm import KeyRefused
+    url = config.openai_base_url or "https://api.openai.com/v1"
+    try:
+        names = await llm.models()
+    except KeyRefused:
+        return False, "llm", f"{url}: {KEY_REFUSED}"
+    except Exception as exc:              # any endpoint failure is a finding, not a crash
+        return False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})"
+    if names is None:
+        return True, "llm", f"{url}: no model list offered, model {config.model} not checked"
+    if config.model not in names:
+        return None, "llm", (f"{url}: model {config.model} is not among the {len(names)} models it lists; "
+                             "set IAS_MODEL to one of them (or run `ias setup`)")
+    return True, "llm", f"{url}: {len(names)} models, {config.model} found"
 
 
 def disk_line(data_dir, statvfs=os.statvfs) -> tuple[bool | None, str, str]:

@@ -3,6 +3,7 @@ read and tuned together. config.py checks the settings and takes their defaults 
 
 # Settings' defaults (ias.toml / IAS_*; the ranges they may take are config.py's)
 MODEL_DEFAULT = "gpt-4o-mini"       # IAS_MODEL
+ENV_FILE_MAX = 64 * 1024            # bytes of $IAS_DATA_DIR/ias.env; a larger file is a configuration error
 APPROVAL_TIMEOUT = 300.0            # seconds the owner has to answer a confirmation: IAS_APPROVAL_TIMEOUT
 OUTBOX_EXPIRE = 3 * 86400.0         # seconds a queued message may wait before it expires: IAS_OUTBOX_EXPIRE
 FALLBACK_AFTER = 600.0              # seconds past its due time before a reminder/task result goes to the fallback
@@ -67,6 +68,11 @@ CLI_NUMBER_MAX = 2 ** 31 - 1        # largest --limit or task id accepted (beyon
 
 # Store
 STORED_JSON_DEPTH = 100             # nesting kept in a stored JSON value (the validator allows 64); deeper parts become a marker
+POOL_SIZE = 8                       # database connections a store holds at most
+POOL_IDLE_CLOSE = 10.0              # seconds an unused pooled connection stays open
+CONNECT_TIMEOUT = 10                # seconds to connect to PostgreSQL
+PRUNE_BATCH = 5000                  # rows per DELETE when history is pruned
+AUDIT_BATCH = 2000                  # rows per fetch when the whole audit log is read (verification)
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end

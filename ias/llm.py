@@ -38,6 +38,10 @@ class LLMError(IasError):
     """The endpoint failed after all retries (or refused for good, e.g. a bad key)."""
 
 
+class KeyRefused(LLMError):
+    """The endpoint refused the API key (401 or 403): no retry helps; the owner must fix OPENAI_API_KEY."""
+
+
 class ToolsRefused(LLMError):
     """The endpoint refused the request because of its tools (too many, or too large): a 400 naming them."""
 
@@ -139,6 +143,9 @@ class LLM:
                     raise LLMError(f"LLM endpoint failed {attempt + 1} times: {_failure(exc)}") from exc
                 log.warning("LLM request failed (%s), retrying in %.1fs", _failure(exc), self.retry_delays[attempt])
                 await asyncio.sleep(self.retry_delays[attempt])
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+                raise KeyRefused(f"LLM endpoint refused the API key: {type(exc).__name__} "
+                                 f"{getattr(exc, 'status_code', '')}") from exc
             except openai.BadRequestError as exc:
                 if "tool" in str(exc).lower():
                     raise ToolsRefused(f"LLM endpoint refused the tools ({len(tools)} offered): "
@@ -149,12 +156,20 @@ class LLM:
                                f"{getattr(exc, 'status_code', '')}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def check(self) -> str:
-        """For `doctor`: list the endpoint's models; returns a short description."""
-        models = await self.client.models.list()
-        names = [m.id for m in models.data]
-        found = "found" if self.model in names else "not listed"
-        return f"{len(names)} models, {self.model} {found}"
+    async def models(self) -> list[str] | None:
+        """For `doctor`: the model names the endpoint lists; None when it has no model list (a 404: some
+        OpenAI-compatible servers offer chat completions only). A refused key is KeyRefused; any other
+        failure is the SDK's exception."""
+        client = await self._loaded_client()
+        import openai
+        try:
+            async with asyncio.timeout(self.timeout):
+                listing = await client.models.list()
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise KeyRefused(f"LLM endpoint refused the API key: {type(exc).__name__}") from exc
+        except openai.NotFoundError:
+            return None
+        return [m.id for m in listing.data]
 
     async def close(self) -> None:
         if self._client is not None:

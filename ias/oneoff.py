@@ -10,7 +10,7 @@ import sys
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from .agent import APOLOGY, NO_LLM, TOOLS_REFUSED
+from .agent import APOLOGY, KEY_REFUSED, NO_LLM, TOOLS_REFUSED
 from .app import App, build, open_llm, open_store, resolve_owner, wechat
 from .approval import Approvals, Notify
 from .channels.base import Inbound
@@ -88,7 +88,7 @@ async def run_once(config: Config, text: str) -> int:
         finally:
             await c.mcp.close()
         print(reply)
-        return 1 if reply in (APOLOGY, TOOLS_REFUSED) else 0
+        return 1 if reply in (APOLOGY, KEY_REFUSED, TOOLS_REFUSED) else 0
 
 
 async def _explain_no_confirm(text: str) -> bool:

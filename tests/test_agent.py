@@ -10,7 +10,7 @@ import time
 import unittest
 from datetime import datetime, timezone
 
-from ias.agent import APOLOGY, HELP, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TIMEOUT_REPLY, system_prompt
+from ias.agent import APOLOGY, HELP, KEY_REFUSED, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TIMEOUT_REPLY, system_prompt
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.limits import ARGUMENTS_MAX, AUDIT_VALUE_MAX, TOOL_CALLS_MAX
@@ -199,7 +199,7 @@ class EndpointTest(WireTestCase):
     async def test_bad_key_is_not_retried(self):
         bad = LLM("sk-wrong", self.server.base_url, "test-model", retry_delays=(0.01,))
         agent = self.build(llm=bad).agent
-        self.assertEqual(await agent.turn("owner", "hi", None), APOLOGY)
+        self.assertEqual(await agent.turn("owner", "hi", None), KEY_REFUSED)      # told as such, not an outage
         self.assertEqual(self.server.requests, [])
         await bad.close()
 

@@ -36,6 +36,14 @@ class ClockTest(unittest.TestCase):
         fake.at -= timedelta(hours=1)                   # a wall-clock jump leaves the monotonic clock alone
         self.assertEqual(fake.monotonic(), 1090.0)
 
+    def test_a_stamp_is_beijing_time_with_its_zone(self):
+        moment = datetime(2026, 12, 3, 6, 0, 5, tzinfo=timezone.utc)
+        zone = moment.astimezone(TZ).tzname()
+        self.assertIn(zone, ("CST", "Asia/Shanghai"))           # tzdata's abbreviation, else the fallback's name
+        self.assertEqual(clock.stamp(moment), f"2026-12-03 14:00:05 {zone}")
+        self.assertEqual(clock.stamp(moment.astimezone(timezone(timedelta(hours=-5))), seconds=False),
+                         f"2026-12-03 14:00 {zone}")
+
     def test_the_modules_default_to_the_real_clock(self):
         """Where a module takes a clock, its default is clock.SYSTEM's, never a clock of its own."""
         for function, names in ((scheduler.Scheduler.__init__, ("now", "monotonic")),

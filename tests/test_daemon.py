@@ -197,6 +197,19 @@ class DoctorTest(DaemonTestCase):
         configured = self.ias("doctor", env={"IAS_NOTIFY_WEBHOOK_URL": "http://127.0.0.1:9/hook"})
         self.assertIn("ok    outbox: 0 messages queued; fallback: webhook\n", configured.stdout)
 
+    def test_the_model_and_the_key_as_the_endpoint_sees_them(self):
+        with LLMServer([]) as server, LLMServer([], models=None) as bare:
+            env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url}
+            unlisted = self.ias("doctor", env={**env, "IAS_MODEL": "gpt-9"})
+            refused = self.ias("doctor", env={**env, "OPENAI_API_KEY": "sk-wrong"})
+            unlisting = self.ias("doctor", env={**env, "OPENAI_BASE_URL": bare.base_url, "IAS_MODEL": "gpt-9"})
+        self.assertIn(f"\nwarn  llm: {server.base_url}: model gpt-9 is not among the 1 models it lists; set IAS_MODEL "
+                      "to one of them (or run `ias setup`)\n", unlisted.stdout)
+        self.assertEqual(unlisted.returncode, 0, unlisted.stdout)       # a warning does not fail
+        self.assertIn(f"\nFAIL  llm: {server.base_url}: 大模型服务拒绝了密钥：请检查 OPENAI_API_KEY\n", refused.stdout)
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn(f"\nok    llm: {bare.base_url}: no model list offered, model gpt-9 not checked\n", unlisting.stdout)
+
     def test_failures_are_one_line_each(self):
         result = self.ias("doctor", env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
         self.assertEqual(result.returncode, 1)
@@ -259,6 +272,20 @@ class DaemonTest(DaemonTestCase):
         self.assertIn("another iAs daemon is already running", second.stderr)
         first.send_signal(signal.SIGTERM)
         self.assertEqual(first.wait(timeout=10), 0)
+
+    def test_sighup_and_exit_stop_cleanly(self):
+        """A closed terminal (SIGHUP) stops the daemon as SIGTERM does; so does /exit on the console."""
+        for stop in ("SIGHUP", "/exit"):
+            with self.subTest(stop=stop):
+                proc = self.daemon()
+                Lines(proc.stderr).wait_for("iAs is running")
+                if stop == "SIGHUP":
+                    proc.send_signal(signal.SIGHUP)
+                else:
+                    self.say(proc, "/exit")
+                self.assertEqual(proc.wait(timeout=20), 0)
+        stops = self.audit_rows("daemon_start", "daemon_stop")
+        self.assertEqual([event for event, _, _ in stops], ["daemon_start", "daemon_stop"] * 2)
 
     def test_leftover_approvals_expire_at_start_and_owner_is_told(self):
         import psycopg

@@ -22,7 +22,7 @@ PACKAGE = REPO / "ias"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("foundation", frozenset({          # no state, no I/O beyond files: named limits, errors, formats, parsing
         "ias", "ias.errors", "ias.limits", "ias.jsonschema", "ias.schema", "ias.cron", "ias.locks", "ias.migrations", "ias.supervisor",
-        "ias.systemd", "ias.catalog", "ias.clock"})),
+        "ias.systemd", "ias.catalog", "ias.clock", "ias.envfile"})),
     ("services", frozenset({            # one outside thing each: the database, the model, settings, notifiers
         "ias.store", "ias.auditchain", "ias.audit", "ias.unwritten", "ias.monitor", "ias.pgcluster", "ias.config",
         "ias.notifiers", "ias.llm", "ias.processes"})),
@@ -32,19 +32,16 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("channels", frozenset({"ias.channels"})),
     ("delivery", frozenset({"ias.outbox"})),
     ("turns", frozenset({"ias.gate", "ias.agent", "ias.router"})),
-    ("entry", frozenset({"ias.app", "ias.daemon", "ias.oneoff", "ias.commands", "ias.doctor", "ias.cli"})),
+    ("entry", frozenset({"ias.app", "ias.daemon", "ias.oneoff", "ias.commands", "ias.doctor", "ias.setup",
+                         "ias.cli"})),
 )
 
 # Imports that break the rules today, each until the change named beside it lands (issue 23): then delete
 # the line (this test fails while a listed edge is gone, so the list cannot go stale).
-ALLOWED_FOR_NOW: frozenset[tuple[str, str]] = frozenset({
-    ("ias.auditchain", "ias.store"),        # circle store → auditchain → store (TYPE_CHECKING ChainRow)
-})
+ALLOWED_FOR_NOW: frozenset[tuple[str, str]] = frozenset()
 
-LINES_MAX = 600
-LONG_FOR_NOW: frozenset[str] = frozenset({
-    "ias.store",                            # all SQL in one module (STYLE: the only one importing psycopg)
-})
+LINES_MAX = 500
+LONG_FOR_NOW: frozenset[str] = frozenset()
 
 
 def modules() -> dict[str, Path]:

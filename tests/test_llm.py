@@ -8,8 +8,8 @@ import sys
 import time
 import unittest
 
-from ias.llm import LLM, LLMError, Reply, ToolCall, text_calls
-from tests.servers.llm import LLMServer, broken, drip, raw, stall, text
+from ias.llm import LLM, KeyRefused, LLMError, Reply, ToolCall, text_calls
+from tests.servers.llm import LLMServer, broken, drip, error, raw, stall, text
 from tests.support import FIXTURES, REPO
 
 RECORDED = json.loads((FIXTURES / "model_replies" / "local_models.json").read_text(encoding="utf-8"))
@@ -133,6 +133,27 @@ class DeadlineTest(WireTestCase):
         """A stalled first attempt, then a good one: the reply."""
         self.server.script(stall(), text("好了。"))
         self.assertEqual((await self.complete()).content, "好了。")
+
+
+class RefusedKeyTest(WireTestCase):
+    async def test_401_and_403_are_key_refused_without_a_retry(self):
+        wrong = LLM("sk-wrong", self.server.base_url, "test-model", retry_delays=(0.01, 0.01))
+        self.addAsyncCleanup(wrong.close)
+        with self.assertRaises(KeyRefused):
+            await wrong.complete([{"role": "user", "content": "hi"}], [])
+        self.server.script(error(403))
+        with self.assertRaises(KeyRefused):
+            await self.complete()
+        self.assertEqual(len(self.server.requests), 1)      # the 401 is refused before the fake counts it
+        with self.assertRaises(KeyRefused):
+            await wrong.models()
+
+    async def test_models_lists_the_endpoint_s_names_or_none_without_a_list(self):
+        self.assertEqual(await self.llm.models(), ["test-model"])
+        with LLMServer(models=None) as bare:
+            elsewhere = LLM("sk-test", bare.base_url, "test-model")
+            self.addAsyncCleanup(elsewhere.close)
+            self.assertIsNone(await elsewhere.models())
 
 
 class NotACompletionTest(WireTestCase):

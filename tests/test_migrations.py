@@ -91,7 +91,7 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
             store = await self.open(dsn)
         self.assertEqual(self.versions(dsn), VERSIONS)
         self.assertEqual([line for line in logs.output if "migration" in line],
-                         [f"INFO:ias.store:applied schema migration {v}" for v in VERSIONS])
+                         [f"INFO:ias.store.migrate:applied schema migration {v}" for v in VERSIONS])
         await store.audit(AuditEntry("daemon_start"))
         self.assertEqual([row.event for row in await store.audit_rows()], ["daemon_start"])
 
@@ -134,7 +134,7 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
             sql(dsn, f"ALTER TABLE audit_log DISABLE TRIGGER {trigger}")
         with self.assertLogs("ias.store", "INFO") as logs:
             store = await self.open(dsn)
-        self.assertIn("INFO:ias.store:adopted the existing unversioned schema as version 1", logs.output)
+        self.assertIn("INFO:ias.store.migrate:adopted the existing unversioned schema as version 1", logs.output)
         self.assertFalse([line for line in logs.output if "applied schema migration 1" in line])
         self.assertEqual(self.versions(dsn), VERSIONS)
         self.assertEqual(self.trigger_states(dsn), ["D", "D"])             # an admin's choice stays

@@ -307,7 +307,8 @@ class TaskThroughAgentTest(GateTestCase):
 @slow
 class TasksCliTest(StoreTestCase):
     def ias(self, *args):
-        env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent"}
+        env = {**os.environ, "IAS_DATABASE_URL": self.dsn, "IAS_DATA_DIR": "/nonexistent",
+               "TZ": "America/New_York"}            # the machine's zone: not the one shown
         return subprocess.run([sys.executable, str(REPO / "ias.py"), "tasks", *args], capture_output=True, text=True,
                               env=env, timeout=60)
 
@@ -315,6 +316,7 @@ class TasksCliTest(StoreTestCase):
         result = await asyncio.to_thread(self.ias, "add", "--name", "n", "--schedule", "0 7 * * *", "--text", "t")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.count("next: "), 3)
+        self.assertRegex(result.stdout, r"next: \d{4}-\d\d-\d\d 07:00:00 (CST|Asia/Shanghai)\n")
         bad = await asyncio.to_thread(self.ias, "add", "--name", "n", "--schedule", "0 25 * * *", "--text", "t")
         self.assertEqual(bad.returncode, 1)
         self.assertIn("hour", bad.stderr)

@@ -80,6 +80,31 @@ class TestTypes(unittest.TestCase):
         self.assertEqual(validate(Level.LOW, {"type": "integer", "maximum": 0}),
                          ["$: must be <= 0"])
 
+    def test_subclasses_reach_dispatched_keywords(self):
+        """A subclass goes to its family's keywords where the node dispatches on the type (a type
+        list, no type) as where it checks the type itself (one type with a tail)."""
+        class Name(str):
+            pass
+
+        for schema in ({"type": ["string", "null"], "maxLength": 1}, {"maxLength": 1},
+                       {"type": "string", "maxLength": 1, "not": {"const": "zz"}}):
+            self.assertEqual(validate(Name("ab"), schema), ["$: must be at most 1 character long"], schema)
+            self.assertEqual(validate(Name("a"), schema), [], schema)
+
+    def test_own_keywords_come_before_the_tail_and_a_wrong_type_skips_both(self):
+        schema = {"type": "array", "maxItems": 1, "items": {"type": "integer"}, "allOf": [{"minItems": 3}]}
+        self.assertEqual(validate(["a", "b"], schema),
+                         ["$: must contain at most 1 item", "$[0]: expected integer, got string",
+                          "$[1]: expected integer, got string", "$: must contain at least 3 items"])
+        self.assertEqual(validate("ab", schema), ["$: expected array, got string"])
+
+    def test_enum_and_const_inline_each_say_their_own(self):
+        schema = {"type": "string", "enum": ["a", "b"], "const": "b"}
+        self.assertEqual(validate("b", schema), [])
+        self.assertEqual(validate("a", schema), ["$: must be equal to \"b\""])
+        self.assertEqual(validate("c", schema), ["$: must be one of [\"a\", \"b\"]", "$: must be equal to \"b\""])
+        self.assertEqual(validate(2.0, {"type": "number", "const": 2}), [])
+
     def test_non_json_value(self):
         self.assertEqual(validate((1, 2), {"type": "array"}), ["$: expected array, got tuple"])
 

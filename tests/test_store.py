@@ -1,7 +1,7 @@
 """Every value survives the store: NUL, lone surrogates, NaN/Infinity and deep nesting, on every write path;
 and the approval transitions, written from plain values, are compare-and-set with their audit rows.
 
-Against the real PostgreSQL of the test run; the rule itself is in store.py's docstring.
+Against the real PostgreSQL of the test run; the rule itself is in ias/store/values.py's docstring.
 """
 import asyncio
 import json
@@ -167,7 +167,7 @@ class WritePathsTest(StoreTestCase):
 
 class PoolTest(StoreTestCase):
     async def test_unused_connections_are_closed_and_reopened_on_demand(self):
-        with mock.patch("ias.store.POOL_IDLE_CLOSE", 0.05):
+        with mock.patch("ias.store.pool.POOL_IDLE_CLOSE", 0.05):
             await self.store.audit(AuditEntry("pool_test"))
             self.assertEqual(self.store.idle_connections, 1)
             for _ in range(200):                      # the timer fires 0.05 s after the connection came back

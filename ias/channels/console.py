@@ -5,8 +5,11 @@ non-blocking mode, which stdout shares; the thread hands each line to the event 
 read as bytes and decoded as UTF-8 with replacement characters, so invalid input (a stray
 byte, a cut multi-byte character) costs a character, never the console.
 
-It has no window and no budget (the `Channel` defaults): everything is printed at once. Not handled:
-several users, line editing, anything printed before a restart (not `resumable`).
+It has no window and no budget (the `Channel` defaults): everything is printed at once. As the daemon's
+console (`prompt=True`) on a terminal it shows a one-line hint at start and a prompt after each reply.
+`/exit` (anywhere) and the end of input on a terminal (Ctrl-D) set `ended`: the daemon stops. The end
+of a pipe does not (under systemd stdin is /dev/null). Not handled: several users, line editing,
+anything printed before a restart (not `resumable`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ from typing import TextIO
 
 from .base import FAILED, SENT, Channel, Deliver, Inbound
 
+HINT = "输入消息与 iAs 对话；/help 查看命令，/exit 退出。"
+PROMPT = "> "
+EXIT_COMMANDS = ("/exit", "/quit")
+
 
 class ConsoleChannel(Channel):
     """One user (the owner) typing lines on stdin and reading replies on stdout."""
@@ -24,13 +31,15 @@ class ConsoleChannel(Channel):
     name = "console"
 
     def __init__(self, user_id: str, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 interactive: bool | None = None):
+                 interactive: bool | None = None, prompt: bool = False):
         self.user_id = user_id
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
         self._interactive = interactive
+        self._prompt = prompt               # the daemon's console: a hint at start, a prompt after each reply
         self.started = False
-        self.closed = asyncio.Event()        # set when stdin reaches EOF
+        self.closed = asyncio.Event()        # set when stdin reaches EOF (or /exit)
+        self.ended = asyncio.Event()         # set by /exit, or EOF on a terminal: the owner asked to stop
         self._thread: threading.Thread | None = None
 
     def interactive(self) -> bool:
@@ -49,16 +58,27 @@ class ConsoleChannel(Channel):
     async def start(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
         self.started = True
+        terminal = self.interactive()
+        if self._prompt and terminal:
+            self._write(f"{HINT}\n{PROMPT}")
 
         def pump() -> None:
+            asked = terminal        # Ctrl-D on a terminal is a request to stop; the end of a pipe is not
             try:
                 for line in _lines(self.stdin):
                     text = line.rstrip("\r\n")
+                    if text.strip() in EXIT_COMMANDS:
+                        asked = True
+                        break
                     if text.strip():
                         asyncio.run_coroutine_threadsafe(deliver(Inbound(self.name, self.user_id, text)), loop)
+                    elif self._prompt and terminal:
+                        loop.call_soon_threadsafe(self._write, PROMPT)
             except (OSError, ValueError):        # the terminal went away, or stdin was closed under us
                 pass
             loop.call_soon_threadsafe(self.closed.set)
+            if asked:
+                loop.call_soon_threadsafe(self.ended.set)
 
         self._thread = threading.Thread(target=pump, name="console-stdin", daemon=True)
         self._thread.start()
@@ -67,12 +87,16 @@ class ConsoleChannel(Channel):
         self.closed.set()
 
     async def post(self, user_id: str, text: str, client_id: str) -> str:
+        prompt = PROMPT if self._prompt and self.interactive() else ""
+        return SENT if self._write(text.rstrip("\n") + "\n" + prompt) else FAILED
+
+    def _write(self, text: str) -> bool:
         try:
-            self.stdout.write(text.rstrip("\n") + "\n")
+            self.stdout.write(text)
             self.stdout.flush()
         except (OSError, ValueError):
-            return FAILED
-        return SENT
+            return False
+        return True
 
 
 def _lines(stream: TextIO):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from .values import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, plural, render,
-                         segment, too_deep)
-from .scalars import Node, number_node, string_node
+from .values import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, render, segment,
+                     too_deep)
+from .scalars import Node, number_node, size_bounds, string_node
 
 _MISSING = object()
 Validator = Callable[[Any], "list[str]"]
@@ -124,6 +124,11 @@ def _accept(x: Any, path: str, seg: str, errors: list) -> None:
     """The `true` schema."""
 
 
+def _admit(x: Any, path: str, seg: str, errors: list) -> bool:
+    """The type check of a node whose caller has dispatched on the type already: a subclass passes."""
+    return True
+
+
 def _reject(x: Any, path: str, seg: str, errors: list) -> None:
     """The `false` schema."""
     errors.append(f"{path}{seg}: not allowed")
@@ -138,6 +143,10 @@ _FAMILY = {"string": "string", "integer": "number", "number": "number", "boolean
            "null": "null", "object": "object", "array": "array"}
 _TYPE_FAMILY = {str: "string", int: "number", float: "number", bool: "boolean",
                 type(None): "null", dict: "object", list: "array"}
+# What passes a dispatched node's type check at once: its family's Python types (any JSON type's
+# for a schema without `type`); anything else goes to _admit.
+_FAMILY_TYPES = {family: frozenset(t for t, f in _TYPE_FAMILY.items() if f == family) for family in _FAMILY.values()}
+_JSON_TYPES = frozenset(_TYPE_FAMILY)
 _PY_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
              "null": (type(None),), "object": (dict,), "array": (list,)}
 _FAMILY_KEYWORDS = {
@@ -200,8 +209,13 @@ def _compile_one(schema: Any, memo: dict[int, _Meta]) -> _Meta:
         own = _FAMILY_KEYWORDS.get(family)
         if (own is not None and not own.isdisjoint(keys)) or (
                 inline_values and ("enum" in keys or "const" in keys)):
-            # The family's node checks the type itself: one call per value.
-            node = _family_node(family, schema, fast, type_ok, tail, inline_values, memo)
+            # The family's node checks the type itself: one call per value. With a tail, the type is
+            # checked once, then the family's keywords and the tail's nodes, in that order.
+            if not tail:
+                node = _family_node(family, schema, fast, type_ok, inline_values, memo)
+            else:
+                node = _family_node(family, schema, _FAMILY_TYPES[family], _admit, inline_values, memo)
+                node = _mk_typed(fast, type_ok, (node, *tail))
         elif not tail:
             return _Meta(_mk_typed(fast, type_ok, tail), kinds, int_floats, fast)
         else:
@@ -232,46 +246,41 @@ def _type_check(names: tuple[str, ...]) -> tuple[frozenset, bool, frozenset, Cal
 
 
 def _parts(schema: dict, memo: dict[int, _Meta]) -> dict[str, Node]:
-    """Return a node per type family the schema has keywords for, without type checks."""
+    """Return a node per type family the schema has keywords for, for values already dispatched to
+    it by type (a subclass of the family's types is admitted)."""
     keys = schema.keys()
-    return {family: _family_node(family, schema, None, None, (), False, memo) for family in _FAMILY_KEYWORDS
-            if not _FAMILY_KEYWORDS[family].isdisjoint(keys)}
+    return {family: _family_node(family, schema, _FAMILY_TYPES[family], _admit, False, memo)
+            for family in _FAMILY_KEYWORDS if not _FAMILY_KEYWORDS[family].isdisjoint(keys)}
 
 
-def _family_node(family: str, schema: dict, fast: frozenset | None, type_ok: Callable | None,
-                 tail: tuple[Node, ...], values: bool, memo: dict[int, _Meta]) -> Node:
+def _family_node(family: str, schema: dict, fast: frozenset, type_ok: Callable,
+                 values: bool, memo: dict[int, _Meta]) -> Node:
     """The node for a family's keywords: strings and numbers in scalars.py, containers here.
-    With `fast` (the accepted Python types) it checks the type itself."""
+    It checks the type itself (`fast`, `type_ok`: see scalars.py). The schema's other
+    keywords (its tail: allOf, anyOf …) are not the family's: the caller runs them after it."""
     if family == "object":
-        return _mk_object(schema, fast, type_ok, tail, memo)
+        return _mk_object(schema, fast, type_ok, memo)
     if family == "array":
-        return _mk_array(schema, fast, type_ok, tail, memo)
-    return (string_node if family == "string" else number_node)(schema, fast, type_ok, tail, values)
+        return _mk_array(schema, fast, type_ok, memo)
+    return (string_node if family == "string" else number_node)(schema, fast, type_ok, values)
 
 
 def _mk_untyped(parts: dict[str, Node], tail: tuple[Node, ...]) -> Node:
     """Node for a schema without `type`: type-specific keywords apply to their own types only."""
-    if not parts:
-        if len(tail) == 1:
-            return tail[0]
-
-        def node(x, path, seg, errors):
-            for c in tail:
-                c(x, path, seg, errors)
-        return node
-    get = parts.get
+    if parts:
+        return _mk_dispatch(parts, _JSON_TYPES, _admit, tail)
+    if len(tail) == 1:
+        return tail[0]
 
     def node(x, path, seg, errors):
-        fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
-        if fn is not None:
-            fn(x, path, seg, errors)
         for c in tail:
             c(x, path, seg, errors)
     return node
 
 
 def _mk_typed(fast: frozenset, type_ok: Callable, tail: tuple[Node, ...]) -> Node:
-    """Node for a typed schema with no type-specific keywords."""
+    """Node for a typed schema whose keywords are all in `tail` (a family's node first, if any):
+    the type checked once, then each node in order."""
     if not tail:
         def node(x, path, seg, errors):
             if type(x) not in fast:
@@ -287,21 +296,22 @@ def _mk_typed(fast: frozenset, type_ok: Callable, tail: tuple[Node, ...]) -> Nod
 
 def _mk_dispatch(parts: dict[str, Node], fast: frozenset, type_ok: Callable,
                  tail: tuple[Node, ...]) -> Node:
-    """Node for a schema allowing several types (e.g. ["string", "null"])."""
+    """Node for a schema allowing several types (e.g. ["string", "null"]), or any (`_admit`):
+    each family's keywords apply to values of that family only, then the tail's nodes."""
     get = parts.get
 
     def node(x, path, seg, errors):
-        if type(x) in fast or type_ok(x, path, seg, errors):
-            fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
-            if fn is not None:
-                fn(x, path, seg, errors)
-            for c in tail:
-                c(x, path, seg, errors)
+        if type(x) not in fast and not type_ok(x, path, seg, errors):
+            return
+        fn = get(_TYPE_FAMILY.get(type(x)) or _family(x))
+        if fn is not None:
+            fn(x, path, seg, errors)
+        for c in tail:
+            c(x, path, seg, errors)
     return node
 
 
-def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
-               tail: tuple[Node, ...], memo: dict[int, _Meta]) -> Node:
+def _mk_object(schema: dict, fast: frozenset, type_ok: Callable, memo: dict[int, _Meta]) -> Node:
     """properties, required and additionalProperties."""
     get = schema.get
     required = tuple(get("required", ()))
@@ -317,11 +327,10 @@ def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
     forbid_extra = extra is False
     scan = forbid_extra or extra_node is not None or any(members.values())
     member = members.get
-    guard = fast is not None
     required_set = frozenset(required)
 
     def object_node(x, path, seg, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
+        if type(x) not in fast and not type_ok(x, path, seg, errors):
             return
         if required and not x.keys() >= required_set:
             for name in required:
@@ -338,33 +347,24 @@ def _mk_object(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                         extra_node(v, here, segment(k), errors)
                 elif p is not None and type(v) not in p[2]:
                     p[1](v, here, p[0], errors)
-        if tail:
-            for c in tail:
-                c(x, path, seg, errors)
     return object_node
 
 
-def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
-              tail: tuple[Node, ...], memo: dict[int, _Meta]) -> Node:
+def _mk_array(schema: dict, fast: frozenset, type_ok: Callable, memo: dict[int, _Meta]) -> Node:
     """items, minItems, maxItems and uniqueItems."""
     get = schema.get
-    lo = int(get("minItems", 0)) or None
-    hi = None if get("maxItems") is None else int(get("maxItems"))
+    sized, lo, hi, refuse_size = size_bounds(schema, "minItems", "maxItems", "item", "must contain {}")
     unique = get("uniqueItems") is True
     item_meta = _compile(get("items", True), memo)
     item = None if item_meta is _TRUE else item_meta.node
     leaf = item_meta.leaf
-    lo_msg = f"must contain at least {plural(lo or 0, 'item')}"
-    hi_msg = f"must contain at most {plural(hi or 0, 'item')}"
-    guard = fast is not None
 
     def array_node(x, path, seg, errors):
-        if guard and type(x) not in fast and not type_ok(x, path, seg, errors):
+        if type(x) not in fast and not type_ok(x, path, seg, errors):
             return
-        if lo is not None and len(x) < lo:
-            errors.append(f"{path}{seg}: {lo_msg}")
-        if hi is not None and len(x) > hi:
-            errors.append(f"{path}{seg}: {hi_msg}")
+        n = len(x)
+        if sized and not lo <= n <= hi:
+            refuse_size(x, path, seg, errors)
         if unique:
             seen: dict = {}
             for i, v in enumerate(x):
@@ -378,15 +378,12 @@ def _mk_array(schema: dict, fast: frozenset | None, type_ok: Callable | None,
                 for i, v in enumerate(x):
                     if type(v) not in leaf:
                         item(v, here, f"[{i}]", errors)
-            elif len(x) <= len(_INDEX):
+            elif n <= len(_INDEX):
                 for v, index in zip(x, _INDEX):
                     item(v, here, index, errors)
             else:
                 for i, v in enumerate(x):
                     item(v, here, f"[{i}]", errors)
-        if tail:
-            for c in tail:
-                c(x, path, seg, errors)
     return array_node
 
 

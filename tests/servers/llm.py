@@ -59,8 +59,10 @@ def broken() -> dict:
 class LLMServer(JSONServer):
     """Start with `with LLMServer() as server:`; `server.base_url` is for OPENAI_BASE_URL."""
 
-    def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False, max_tools: int | None = None):
+    def __init__(self, steps: list[dict] | None = None, repeat_last: bool = False, max_tools: int | None = None,
+                 models: tuple[str, ...] | None = ("test-model",)):
         self.steps = list(steps or [])
+        self.models = models                # GET /models lists these; None: no such endpoint (a 404), as some servers
         self.max_tools = max_tools          # refuse more tools with OpenAI's 400, as api.openai.com does (128)
         self.repeat_last = repeat_last
         self.requests: list[dict] = []
@@ -77,9 +79,11 @@ class LLMServer(JSONServer):
             ensure_ascii = True
 
             def do_GET(self):
-                if self.path.rstrip("/").endswith("/models"):
-                    self.send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model",
-                                                                     "created": 0, "owned_by": "test"}]})
+                if self.path.rstrip("/").endswith("/models") and server.models is not None:
+                    if self.headers.get("Authorization", "") != "Bearer sk-test":
+                        return self.send_json(401, {"error": {"message": "bad key", "type": "invalid_request_error"}})
+                    self.send_json(200, {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                                     "owned_by": "test"} for name in server.models]})
                 else:
                     self.send_json(404, {"error": {"message": "not found"}})
 
