@@ -1,7 +1,8 @@
 """Shared test support: a real PostgreSQL per test run, a fresh schema per test, small fakes.
 
 The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded cluster created
-on first use and removed at exit. No PostgreSQL is a failure, never a skip.
+on first use and removed at exit. No PostgreSQL is a failure, never a skip. A StoreTestCase's schema is
+made (migrated) ahead and dropped after by tests/schema_maker.py's process, while tests wait.
 
 The model in process is `ScriptedLLM`; the wire (the SDK, retries, deadlines, replies other
 servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: tests that run
