@@ -30,8 +30,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
-import openai  # noqa: F401  iAs imports it on its first request, 1-3 s (more beside other suites) taken out of
-                #   whatever deadline a test gives that request; tests/test_llm.py checks that import on its own
 import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
@@ -44,6 +42,11 @@ from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
 from ias.store import Store
 from tests.schema_maker import schema_dsn
+
+# iAs imports the SDK on its first request: 1-3 s (more beside other suites) that would come out of whatever
+# deadline a test gives that request. Imported here once per test process instead; tests/test_llm.py checks
+# the first request's import in a fresh interpreter.
+importlib.import_module("openai")
 
 REPO = Path(__file__).resolve().parent.parent
 SKILL_LIB = str(REPO / "resources" / "lib")
