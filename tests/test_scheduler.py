@@ -222,6 +222,7 @@ class SchedulerTest(StoreTestCase):
         finally:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
+            await scheduler.stop()      # its run too: else it may take a connection after the store closed
 
 
 class TaskThroughAgentTest(GateTestCase):
