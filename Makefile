@@ -12,7 +12,7 @@ ensure_server = if $(if $(1),[ -z "$${$(1):-}" ] &&) ! $(PY) -c 'from ias.pgclus
 	echo "no PostgreSQL server binaries on this system: installing the pgserver wheel (pip install -e '.[embedded]')"; \
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[embedded]'; fi
 
-# bubblewrap gives skills and MCP servers their sandbox (README, Sandbox): installed with apt-get when
+# bubblewrap gives skills and MCP servers their sandbox (docs/skills.md, Sandbox): installed with apt-get when
 # missing and we are root, else one line saying what to install (iAs then reports `sandbox: none`).
 ensure_bwrap = if ! command -v bwrap >/dev/null 2>&1; then \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

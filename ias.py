@@ -1,6 +1,20 @@
 #!/usr/bin/env python3
-"""Entry point: `python ias.py …` is the same as the installed `ias` command."""
-from ias.cli import run
+"""Entry point: `python ias.py …` is the same as the installed `ias` command.
+
+Run by an interpreter without iAs's dependencies (the system's python3), it runs again with the
+checkout's venv when that one can be run; else it goes on, and a command that needs them says in
+one line to run `make` first (`cli`)."""
+import importlib.util
+import os
+import sys
+from pathlib import Path
 
 if __name__ == "__main__":
+    if not all(importlib.util.find_spec(name) for name in ("psycopg", "openai")):
+        venv = Path(__file__).resolve().parent / ".venv"
+        python = venv / "bin" / "python"
+        # Never twice: a venv whose install failed lacks them too.
+        if os.access(python, os.X_OK) and Path(sys.executable) != python and Path(sys.prefix).resolve() != venv:
+            os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    from ias.cli import run
     run()

@@ -6,12 +6,11 @@ nothing themselves: what they need comes from the functions here).
 """
 from __future__ import annotations
 
-import asyncio
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Sequence
 
 from . import sandbox
 from .agent import Agent
@@ -34,22 +33,24 @@ from .runner import Runner
 from .mcp.servers import Servers
 from .registry import Registry, registry
 from .store import Store
+from .supervisor import Supervisor
 
 if TYPE_CHECKING:
     from .llm import LLM            # imported for real only when there is an API key (see open_llm)
 
 
 @asynccontextmanager
-async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIterator[Store]:
+async def open_store(config: Config, cluster: Cluster | None = None, *,
+                     supervisor: Supervisor | None = None) -> AsyncIterator[Store]:
     """The configured database, or the embedded cluster (started if needed; stopped after only if no other
-    iAs process uses it)."""
+    iAs process uses it); `supervisor`: the daemon's, for the store's background work."""
     chain = AuditChain.derive(load_key(config.key_file), config.audit_head)     # every writer's rows are keyed
     dsn = config.database_url
     if not dsn:
         cluster = cluster or Cluster(config.cluster_dir)
-        dsn = cluster.start()
+        dsn = start_cluster(config, cluster)
     try:
-        store = await Store.open(dsn, chain=chain)
+        store = await Store.open(dsn, chain=chain, supervisor=supervisor)
         try:
             yield store
         finally:
@@ -57,6 +58,20 @@ async def open_store(config: Config, cluster: Cluster | None = None) -> AsyncIte
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def make_cluster(config: Config) -> Cluster | None:
+    """The embedded cluster in the data directory, or None when IAS_DATABASE_URL names the database."""
+    return None if config.database_url else Cluster(config.cluster_dir)
+
+
+def start_cluster(config: Config, cluster: Cluster) -> str:
+    """Start (or join) the embedded cluster; one stderr line first when it is about to be created, naming the data
+    directory, so that a command run from the wrong place never silently makes a second, empty database."""
+    if not cluster.initialised():
+        print(f"ias: no database in {config.data_dir} yet: creating one there (set IAS_DATA_DIR to use another "
+              "data directory)", file=sys.stderr)
+    return cluster.start()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,7 @@ class App:
     approvals: Approvals
     gate: Gate
     agent: Agent
+    supervisor: Supervisor              # every background task of these objects; `close()` it before exiting
     router: Router | None = None        # only when built with channels
     outbox: Outbox | None = None        # likewise
     mcp: Servers | None = None          # the MCP servers of the registry; `await app.mcp.close()` before exiting
@@ -76,22 +92,25 @@ class App:
 
 def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | None = None, now: Callable[[], datetime] | None = None,
           channels: Sequence[Channel] = (), primary: Channel | None = None, monitor: DatabaseMonitor | None = None,
-          spawn: Callable[[Coroutine, str], asyncio.Task] | None = None, fallback: Fallback | None = None) -> App:
+          supervisor: Supervisor | None = None, fallback: Fallback | None = None) -> App:
     """Everything `config` describes, over the opened `store`: the one place where iAs's objects are made.
 
     `llm` None: only /commands (one-off commands never import openai). `key` None: read from
     config.key_file. `now`: the agent's clock. With `channels`, a router over them that sends
     what nobody asked for (task results, restart notes) to `primary`, and an outbox every message to
     the owner goes through (its clock is `now` too; `fallback` None: the notifiers config names).
+    `supervisor`: the daemon's; None: a new one (a one-off command's, a test's), `App.supervisor`.
     """
+    supervisor = supervisor or Supervisor()
     skills = registry(config)
     runner = make_runner(config)
     approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
     catalog = make_catalog(config, skills)
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
-                  spawn=spawn)
+                  supervisor=supervisor)
     handlers = Handlers(store, skills, catalog.search)
-    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp)
+    gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
+                supervisor=supervisor)
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor)
     router = outbox = None
@@ -101,9 +120,9 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
         by_name = {channel.name: channel for channel in channels}
         outbox = Outbox(store, by_name, primary.name, Fallback(configured(config)) if fallback is None else fallback,
                         expire=config.outbox_expire, fallback_after=config.fallback_after,
-                        **({"now": now} if now is not None else {}))
-        router = Router(approvals, agent, by_name, primary, outbox, monitor=monitor, spawn=spawn)
-    return App(config, store, skills, runner, approvals, gate, agent, router, outbox, mcp)
+                        supervisor=supervisor, **({"now": now} if now is not None else {}))
+        router = Router(approvals, agent, by_name, primary, outbox, supervisor=supervisor, monitor=monitor)
+    return App(config, store, skills, runner, approvals, gate, agent, supervisor, router, outbox, mcp)
 
 
 def make_catalog(config: Config, skills: Registry) -> Catalog:
@@ -141,11 +160,12 @@ async def resolve_owner(config: Config, store: Store) -> str:
     return stored if isinstance(stored, str) and stored else "owner"
 
 
-async def wechat(config: Config, store: Store, on_stale=None):
-    """The WeChat channel when logged in (environment or stored login), else None."""
+async def wechat(config: Config, store: Store, supervisor: Supervisor, on_stale=None):
+    """The WeChat channel when logged in (environment or stored login), else None; its tasks run under
+    `supervisor`."""
     creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
     return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale, window=config.wechat_window,
-                                                    budget=config.wechat_budget)
+                                                    budget=config.wechat_budget, supervisor=supervisor)
 
 
 @asynccontextmanager

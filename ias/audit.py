@@ -324,7 +324,7 @@ class _Walk:
             self.found(f"row {self.head.id} is missing: the chain head kept in {where} names it, {end} (rows removed)")
         elif self.head is None and self.keyed and self.expect_head:
             self.found(f"no chain head {where}: the removal of the newest rows cannot be ruled out "
-                       "(restored or moved? see README, Audit log)")
+                       "(restored or moved? see docs/approvals-and-audit.md, the audit log)")
         if self.keyed and self.forged == self.keyed:
             self.found("every keyed row fails: the secret key is not the one that wrote this log")
         return Verdict(self.rows, self.unkeyed, tuple(self.problems), self.broken,

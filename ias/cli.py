@@ -1,7 +1,8 @@
 """Command line: `python ias.py [--config PATH] [COMMAND …]`; `main(argv) -> exit code`.
 
-Parsing and dispatch only: the commands are `commands` (one function each) and `doctor`, the
-daemon `daemon`, `--once` `oneoff`; nothing is built here. Commands that need no LLM never
+Parsing and dispatch only: the commands are `commands` (one function each), `doctor`, `backup`
+(backup, restore) and `service` (service install), the daemon `daemon`, `--once` `oneoff`; which
+data directory a command uses, and as whom, is `datadir`'s; nothing is built here. Commands that need no LLM never
 import `openai` (cold start matters for scripted use), so the heavier modules are imported
 inside the command functions.
 
@@ -18,16 +19,18 @@ import logging
 import os
 import sys
 
-from . import config as config_module
+from . import config as config_module, datadir
 from .commands import (cmd_approvals, cmd_audit, cmd_audit_prune, cmd_outbox, cmd_run, cmd_skills, cmd_tasks,
                        cmd_wechat)
 from .doctor import cmd_doctor
 from .errors import IasError
 from .limits import CLI_NUMBER_MAX
+from .service import DEFAULT_DATA_DIR, DEFAULT_USER
 
 log = logging.getLogger("ias")
 
 PR_SET_DUMPABLE = 4          # <linux/prctl.h>
+DEPENDENCIES = ("psycopg", "openai")        # pyproject's; missing: the interpreter is not the venv's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,8 +70,34 @@ def _count(value: str) -> int:
     return number
 
 
+def version() -> str:
+    """The version: pyproject.toml's (the one place it is written), else the installed package's metadata."""
+    import tomllib
+    try:
+        with open(config_module.REPO_ROOT / "pyproject.toml", "rb") as file:
+            return tomllib.load(file)["project"]["version"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        from importlib.metadata import PackageNotFoundError, version as installed
+        try:
+            return installed("ias")
+        except PackageNotFoundError:
+            return "unknown"
+
+
+class _Version(argparse.Action):
+    """`--version`: `ias X.Y.Z`, read only when asked (no file read on every start)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"ias {version()}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ias", description="iAs: a self-hosted personal assistant daemon")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("--config", metavar="PATH", help="ias.toml to read (default $IAS_CONFIG, else ./ias.toml)")
     parser.add_argument("--once", metavar="TEXT", type=_text, help="one conversation turn for the owner; reply on stdout")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -129,6 +158,19 @@ def _parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
+
+    backup = sub.add_parser("backup", help="dump the database to FILE (not the secret key), daemon running or not")
+    backup.add_argument("file", nargs="?", type=_text, help="default: ias-backup-YYYYmmdd-HHMMSS.dump here")
+    restore = sub.add_parser("restore", help="load a backup into an empty database, then verify the audit log")
+    restore.add_argument("file", type=_text)
+
+    service = sub.add_parser("service", help="`service install`: run iAs from this checkout as a systemd service")
+    service.add_argument("action", choices=["install"])
+    service.add_argument("--user", default=DEFAULT_USER, type=_text, help=f"the service's system user "
+                                                                          f"(default {DEFAULT_USER})")
+    service.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), type=_text, metavar="DIR",
+                         help=f"its data directory (default {DEFAULT_DATA_DIR})")
+    service.add_argument("--print", action="store_true", help="only print the unit")
     audit.add_argument("--prune-before", type=_day, metavar="DATE",
                        help="remove the rows older than DATE (YYYY-MM-DD, Beijing time, or an ISO time), "
                             "keeping a keyed checkpoint; only a log that verifies is pruned")
@@ -141,7 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         not_dumpable()
-        config = config_module.load(args.config)
+        if args.command == "service":
+            from .service import cmd_service
+            return cmd_service(args)
+        datadir.before_config(args.config)     # as root: the service's user, before its env file is read
+        config = datadir.locate(config_module.load(args.config), args.config)
+        datadir.check(config.data_dir)
+        if args.command in ("backup", "restore"):
+            from .backup import cmd_backup, cmd_restore
+            return asyncio.run(cmd_backup(config, args.file) if args.command == "backup"
+                               else cmd_restore(config, args.file))
         if args.command == "skills":
             return cmd_skills(config, args)
         if args.command == "run":
@@ -177,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except Exception as exc:            # the last resort: every known case is handled where it happens
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in DEPENDENCIES:
+            print(f"ias: {exc.name} is not installed for {sys.executable}: run `make` first (it makes .venv with "
+                  "what iAs needs), then python ias.py …", file=sys.stderr)
+            return 1                    # run outside the venv, which ias.py could not run instead
         log.debug("internal error", exc_info=True)
         print(f"ias: internal error: {type(exc).__name__}: {_first_line(exc)}; run with -v for details",
               file=sys.stderr)

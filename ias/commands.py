@@ -103,7 +103,7 @@ async def _check_servers(config, reg) -> list[str]:
 async def cmd_run(config, name: str, params_text: str) -> int:
     from . import jsonschema as schema
     from .app import build, open_store
-    from .oneoff import owner_approvals
+    from .oneoff import finish, owner_approvals
     try:
         params = schema.loads(params_text)
     except json.JSONDecodeError as exc:
@@ -115,7 +115,7 @@ async def cmd_run(config, name: str, params_text: str) -> int:
             async with owner_approvals(config, c) as (user, notify):
                 result = await c.gate.call(user, name, params, notify)
         finally:
-            await c.mcp.close()
+            await finish(c)
         print(json.dumps(result, ensure_ascii=False))
         return 0 if result.get("success") else 1
 

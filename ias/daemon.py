@@ -29,7 +29,7 @@ from .processes import recover
 from .registry import Registry
 from .scheduler import Scheduler, prune_daily, retry_later
 from .store import AuditEntry
-from .supervisor import Supervisor
+from .supervisor import RECORDS, TASKS, TURNS, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,11 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):     # SIGHUP: the terminal was closed
         loop.add_signal_handler(sig, stop.set)
     cluster = None if config.database_url else Cluster(config.cluster_dir)
-    async with instance_lock(config), open_store(config, cluster) as store, open_llm(config) as llm:
+    supervisor = Supervisor(daemon=True)
+    async with (instance_lock(config), open_store(config, cluster, supervisor=supervisor) as store,
+                open_llm(config) as llm):
         if llm is None:
             log.warning("OPENAI_API_KEY is not set: only /commands will work (run `python ias.py setup`)")
-        supervisor = Supervisor()
         monitor = DatabaseMonitor(store, supervisor.fail, restart=cluster.start if cluster else None,
                                   limit=db_lost_limit)
         user = await resolve_owner(config, store)
@@ -74,9 +75,9 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
 
         async def stale(note: str) -> None:
             await console.send(user, note)
-        weixin = await wechat(config, store, on_stale=stale)
+        weixin = await wechat(config, store, supervisor, on_stale=stale)
         c = build(config, store, llm=llm, channels=[console] if weixin is None else [weixin, console],
-                  primary=weixin or console, monitor=monitor, spawn=supervisor.spawn)
+                  primary=weixin or console, monitor=monitor, supervisor=supervisor)
         router, channels = c.router, c.router.channels
         for line in c.registry.problems:
             log.error("skill not loaded: %s", line)
@@ -93,15 +94,14 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
         async def store_error(exc: Exception) -> None:
             if not await monitor.settle():          # the database is fine: an error of another kind
                 await retry_later(exc)
-        scheduler = Scheduler(store, router.run_task, on_store_error=store_error, spawn=supervisor.spawn)
+        scheduler = Scheduler(store, router.run_task, on_store_error=store_error, supervisor=supervisor)
         stopped = False
         try:
             replayed = await router.replay()        # what a stop or crash left pending, before anything new
             if replayed:
                 log.warning("replaying %d inbound message(s) left pending by the last run", replayed)
             for channel in channels.values():
-                await channel.start(router.deliver)
-                supervisor.spawn(channel.watch(), f"channel {channel.name}")
+                await channel.start(router.deliver)        # its own loops run under the supervisor
             for row in leftovers:
                 await c.outbox.send(row.user_id, f"iAs 已重启，之前等待确认的操作已失效：{row.skill_name}",
                                     kind="notice")
@@ -135,11 +135,9 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
                 await channel.stop()
             await c.mcp.close()
             await c.runner.kill_all()                   # skills end first …
-            await c.gate.drain(SHUTDOWN_GRACE)          # … their calls record how they ended …
-            await router.cancel()                       # … then the turns are cancelled
-            await scheduler.stop()
-            await supervisor.cancel(SHUTDOWN_GRACE)
-            await c.gate.drain(SHUTDOWN_GRACE)          # what the cancellations recorded
+            # … their calls record how they ended, then the turns are cancelled, then the task runs, then the
+            # rest; last, what the cancellations recorded (each step within SHUTDOWN_GRACE)
+            await supervisor.close(SHUTDOWN_GRACE, order=(RECORDS, TURNS, TASKS))
             c.gate.unwritten.save()                     # what the database refused: for the next start
             try:
                 await store.audit(AuditEntry("daemon_stop", detail=f"pid {os.getpid()}"

@@ -64,7 +64,7 @@ async def cmd_doctor(config) -> int:
             else:
                 line(None, "channel", "WeChat not logged in: console channel (`ias wechat login`)")
             from .notifiers import configured
-            fallbacks = ", ".join(n.name for n in configured(config)) or "none (see README, Messages that arrive)"
+            fallbacks = ", ".join(n.name for n in configured(config)) or "none (see docs/wechat.md, fallback notifiers)"
             line(True if configured(config) else None, "outbox",
                  f"{len(await store.queued())} messages queued; fallback: {fallbacks}")
     except IasError as exc:

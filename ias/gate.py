@@ -5,11 +5,11 @@ learns whether a call ran and what it returned, never how the owner was asked. F
 when the audit row cannot be written, nothing runs.
 
 Once a skill has started, its end is always recorded: the `skill_finished` row and an approved
-call's result are written by a task of their own, which neither a cancelled turn nor a
-shutdown interrupts (shutdown waits for it, see `drain`). If the store refuses them (the
-database is down), the owner is told that the call ran, and they are kept in memory and written
-when the database is back (a daemon that stops first keeps them in a file for its next start),
-so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
+call's result are written by a task the supervisor shields (its RECORDS group), which neither a
+cancelled turn nor a shutdown interrupts (shutdown waits for it, and for the calls still running).
+If the store refuses them (the database is down), the owner is told that the call ran, and they
+are kept in memory and written when the database is back (a daemon that stops first keeps them in
+a file for its next start), so the call is never taken for interrupted. `skill_started` and `skill_finished` carry the same `detail`, a call
 tag naming the call and the process that ran it (`call=… pid=… start=…`), so the next daemon
 start can give each call whose process died mid-run a `skill_interrupted` row — never a re-run.
 
@@ -37,6 +37,7 @@ from .processes import alive, identity
 from .registry import Registry
 from .skills import Skill
 from .store import AuditEntry, Store
+from .supervisor import RECORDS, Supervisor
 from .unwritten import End, Unwritten
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,14 @@ class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
     def __init__(self, registry: Registry, executors: Mapping[str, Executor], store: Store, approvals: Approvals,
-                 mcp=None):
+                 mcp=None, *, supervisor: Supervisor):
         self.registry = registry
         self.executors = executors       # Skill.kind -> what runs skills of that kind
         self.mcp = mcp                   # mcp.Servers: finds the tools of a server never listed yet
         self.store = store
         self.approvals = approvals
-        self._inflight: set[asyncio.Future] = set()       # runs started whose end is not recorded yet
-        self._finishing: set[asyncio.Task] = set()
+        self.supervisor = supervisor     # records each call's end; its RECORDS group holds the calls running
+        self.records = supervisor.scope(RECORDS)
         self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
@@ -112,22 +113,14 @@ class Gate:
         await self.store.audit(AuditEntry("skill_started", user_id=user_id, skill_name=name, params=redact(params),
                                           risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
         call = Call(user_id, skill, approval_id, decision, tag, time.monotonic(), notify)
-        running = asyncio.get_running_loop().create_future()     # resolved once the end is recorded
-        self._inflight.add(running)
-        finishing = None
-        try:
+        with self.records.hold():               # shutdown waits for the run and the record of its end
             try:
                 outcome = await self._executor(skill).run(skill, params, user_id)
-            except asyncio.CancelledError:       # the executor ended the run; record that it ended
-                finishing = self._finish(running, call, None)
+            except asyncio.CancelledError:      # the executor ended the run; record that it ended
+                self.records.spawn(self._record(call, None), f"end of {name} (cancelled)")
                 raise
-            finishing = self._finish(running, call, outcome)
-            await asyncio.shield(finishing)
-            return outcome.result
-        finally:
-            if finishing is None:                # the executor failed: nothing to record, nothing to wait for
-                self._inflight.discard(running)
-                running.set_result(None)
+            await self.supervisor.shield(self._record(call, outcome), f"end of {name}")
+        return outcome.result
 
     def _executor(self, skill: Skill) -> Executor:
         """What runs skills of `skill.kind`: a `## Execute` script, a `## Builtin` handler, an MCP tool."""
@@ -135,19 +128,6 @@ class Gate:
         if executor is None:
             raise RuntimeError(f"{skill.kind} skill {skill.name} but no {skill.kind} executor was given")
         return executor
-
-    def _finish(self, running: asyncio.Future, call: Call, outcome: Outcome | None) -> asyncio.Task:
-        """Record the end of a run (None: cancelled) in a task of its own, so no cancellation can cut it short."""
-        task = asyncio.ensure_future(self._record(call, outcome))
-        self._finishing.add(task)
-
-        def done(_task) -> None:
-            self._finishing.discard(task)
-            self._inflight.discard(running)
-            if not running.done():
-                running.set_result(None)
-        task.add_done_callback(done)
-        return task
 
     async def _record(self, call: Call, outcome: Outcome | None) -> None:
         """skill_finished and the approval's result; if the store refuses, the owner hears the call ran."""
@@ -168,19 +148,15 @@ class Gate:
             except Exception:
                 log.exception("approval %s: telling the owner that the result was not saved failed", call.approval_id)
         # Kept and written when the database is back (see unwritten.py); shutdown waits for it (`drain`).
-        keeper = asyncio.ensure_future(self.unwritten.keep(end))
-        self._finishing.add(keeper)
-        keeper.add_done_callback(self._finishing.discard)
+        self.records.spawn(self.unwritten.keep(end), f"unwritten end of {call.skill.name}")
 
     async def drain(self, timeout: float) -> bool:
-        """Shutdown: wait up to `timeout` s until every started run has recorded its end; whether all did."""
-        pending = [f for f in (*self._inflight, *self._finishing) if not f.done()]
-        if not pending:
+        """Wait up to `timeout` s until every started run has recorded its end (and every other record of the
+        supervisor is written); whether all did. The daemon's stop does this through `Supervisor.close`."""
+        if await self.records.wait(timeout):
             return True
-        done, left = await asyncio.wait(pending, timeout=timeout)
-        if left:
-            log.error("%d skill calls did not record their end within %.0fs", len(left), timeout)
-        return not left
+        log.error("%d skill calls or records did not end within %.0fs", self.records.active, timeout)
+        return False
 
     async def record_interrupted(self) -> int:
         """At daemon start: a `skill_interrupted` row for each call whose process died mid-run (never a re-run).

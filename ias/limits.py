@@ -76,6 +76,7 @@ AUDIT_BATCH = 2000                  # rows per fetch when the whole audit log is
 
 # Daemon
 SHUTDOWN_GRACE = 5.0                # seconds on SIGTERM for calls in flight to record their results, after their skills end
+TURNS_MAX = 4                       # agent turns for inbound messages running at once; more wait their turn, in order
 DB_LOST_LIMIT = 60.0                # seconds the database may stay unreachable before the daemon exits non-zero
 DB_RETRY_FIRST = 0.5                # seconds before the second reconnect attempt; doubled after each failure
 DB_RETRY_MAX = 1.0                  # seconds between reconnect attempts at most (a restarted server is used within it)
@@ -144,6 +145,10 @@ CLUSTER_HANDOVER = 1.0              # seconds after such a server exits for a re
 CLUSTER_POLL = 0.05                 # seconds between looks at a server someone else is starting or stopping
 CLUSTER_MAX_WAL = "256MB"           # max_wal_size: WAL kept between checkpoints (SPEC: at most 256 MB)
 CLUSTER_MIN_WAL = "32MB"            # min_wal_size: WAL recycled in advance
+BACKUP_TIMEOUT = 3600               # seconds pg_dump or pg_restore may take (`ias backup`, `ias restore`)
+RESTORE_PROBLEMS_SHOWN = 5          # audit chain problems printed by a restore that cannot verify the log
+SERVICE_STEP_TIMEOUT = 900          # seconds one `ias service install` step (useradd, apt-get, pip, systemctl) may take
+SERVER_LOG_MAX = 4 * 1024 * 1024   # bytes of the cluster's server.log before a start moves it to server.log.1
 CLUSTER_MAX_CONNECTIONS = 50        # a daemon (pool + LISTEN) plus ~16 parallel commands of up to 2 each, with room
 
 # MCP servers (ias/mcp/)

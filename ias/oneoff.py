@@ -16,7 +16,8 @@ from .approval import Approvals, Notify
 from .channels.base import Inbound
 from .channels.console import ConsoleChannel
 from .config import Config
-from .limits import WECHAT_FIRST_POLL_WAIT
+from .limits import SHUTDOWN_GRACE, WECHAT_FIRST_POLL_WAIT
+from .supervisor import RECORDS
 
 
 @asynccontextmanager
@@ -28,7 +29,7 @@ async def owner_approvals(config: Config, c: App) -> AsyncIterator[tuple[str, No
     command, holds conversations). Without WeChat or a terminal nobody can answer: the
     notification fails, so the call ends as not confirmed, and stderr says why.
     """
-    channel = await wechat(config, c.store)
+    channel = await wechat(config, c.store, c.supervisor)
     if channel is None:
         user = await resolve_owner(config, c.store)
         yield user, terminal_approvals(c.approvals, user)
@@ -86,9 +87,17 @@ async def run_once(config: Config, text: str) -> int:
             async with owner_approvals(config, c) as (user, notify):
                 reply = await c.agent.turn(user, text, notify)
         finally:
-            await c.mcp.close()
+            await finish(c)
         print(reply)
         return 1 if reply in (APOLOGY, KEY_REFUSED, TOOLS_REFUSED) else 0
+
+
+async def finish(c: App) -> None:
+    """The end of a one-off run: its MCP servers stopped, the records its calls started written (within
+    SHUTDOWN_GRACE), the rest of its background work cancelled. A task that crashed meanwhile was logged
+    with its traceback by the supervisor; the exit status stays the run's own."""
+    await c.mcp.close()
+    await c.supervisor.close(SHUTDOWN_GRACE, order=(RECORDS,))
 
 
 async def _explain_no_confirm(text: str) -> bool:

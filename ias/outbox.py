@@ -23,8 +23,9 @@ it in memory until the owner writes (the fallback notifiers get a notice without
 The window keeper (`tick`) spends one message per window asking the owner to write when a
 task is due after the window would close.
 
-A send and its mark are not split by a stop: the request and its record run in a task of their
-own that cancellation does not interrupt; the canceller waits for it (OUTBOX_SEND_GRACE at most).
+A send and its mark are not split by a stop: the request and its record run in a task the supervisor
+shields (its RECORDS group, which the daemon's stop waits for); a cancelled caller waits for it
+(OUTBOX_SEND_GRACE at most).
 Before each request the part is marked "in doubt" until OUTBOX_UNKNOWN_WAIT from now, and a
 request that got no answer in time (`UNKNOWN`: the service may still complete it) stays so: it is
 not sent again before that wait is over, then once more under the same client_id (the parts behind
@@ -51,6 +52,7 @@ from .errors import StoreError
 from .notifiers import Fallback
 from .scheduler import keeper_ask
 from .store import OutboxRow, Store
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +94,9 @@ class Outbox:
                  now: Callable[[], datetime] = SYSTEM.now, expire: float = limits.OUTBOX_EXPIRE,
                  fallback_after: float = limits.FALLBACK_AFTER,
                  tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None,
-                 monotonic: Callable[[], float] = SYSTEM.monotonic):
+                 monotonic: Callable[[], float] = SYSTEM.monotonic, supervisor: Supervisor | None = None):
         self.store = store
+        self.supervisor = supervisor or Supervisor()     # None: one of its own (tests)
         self.channels = channels
         self.primary = primary
         self.fallback = fallback or Fallback([])
@@ -206,17 +209,11 @@ class Outbox:
                 return
 
     async def _deliver(self, channel: Channel, row: OutboxRow) -> str:
-        """Send one part and record the outcome, in a task of its own that a stop does not split: a
-        cancelled caller waits for it (OUTBOX_SEND_GRACE at most) before it ends."""
-        task = asyncio.ensure_future(self._post(channel, row))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            done, _ = await asyncio.wait([task], timeout=limits.OUTBOX_SEND_GRACE)
-            if not done:
-                log.warning("outbox: stopping with part %s still being sent; it is in doubt (tried again in %gs)",
-                            row.client_id, limits.OUTBOX_UNKNOWN_WAIT)
-            raise
+        """Send one part and record the outcome, shielded by the supervisor so that a stop does not split
+        them: a cancelled caller waits for it (OUTBOX_SEND_GRACE at most) before it ends; one still being
+        sent then is in doubt (tried again after OUTBOX_UNKNOWN_WAIT) unless it ends before the stop does."""
+        return await self.supervisor.shield(self._post(channel, row), f"outbox part {row.client_id}",
+                                            grace=limits.OUTBOX_SEND_GRACE)
 
     async def _post(self, channel: Channel, row: OutboxRow) -> str:
         """The request for one part, marked in doubt first (until OUTBOX_UNKNOWN_WAIT from now: a process
@@ -238,10 +235,11 @@ class Outbox:
 
     async def _settle_sent(self) -> None:
         """Record the parts sent as sent; one the database refuses stays noted here (never sent again: it
-        is in doubt in the table meanwhile) and is recorded by the next flush or tick."""
+        is in doubt in the table meanwhile) and is recorded by the next flush or tick. Two users' flushes may
+        settle the same part at once (settling is idempotent): the second finds it gone from the notes."""
         for row_id, when in list(self._unsettled.items()):
             await self.store.settle([row_id], "sent", when)
-            del self._unsettled[row_id]
+            self._unsettled.pop(row_id, None)
 
     async def _unread(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         """Reminders and task results for a channel nobody reads go to the fallback at once (and are still

@@ -19,7 +19,8 @@ server up for good — but a server whose last user was killed keeps running unt
 exits. A server that someone else is starting, stopping or restarting (`pg_ctl restart`, a
 postmaster.pid naming a live postmaster of this directory) is waited for, never fought: a start
 runs `pg_ctl start` only when no server is alive, and after a stop gives a restart a moment to
-start the next one first. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
+start the next one first. The server's log (`server.log`, appended to by every start and stop) is
+moved to `server.log.1` by the next start once it passes SERVER_LOG_MAX. The WAL kept between checkpoints is bounded (max_wal_size 256MB).
 Not handled: upgrades between PostgreSQL major versions; a smart-mode stop by someone else, which
 waits for iAs's own connections, is waited for up to CLUSTER_START_TIMEOUT.
 """
@@ -42,7 +43,7 @@ from typing import Callable
 
 from .errors import ClusterError
 from .limits import (CLUSTER_HANDOVER, CLUSTER_MAX_CONNECTIONS, CLUSTER_MAX_WAL, CLUSTER_MIN_WAL, CLUSTER_POLL,
-                     CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT)
+                     CLUSTER_RETRY_PAUSE, CLUSTER_STALE_WAIT, CLUSTER_START_TIMEOUT, SERVER_LOG_MAX)
 from .locks import FileLock
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ HBA = ("# Written by iAs: every connection authenticates with the password in th
 WRITER = ('umask 077 && if [ "$2" = append ]; then exec cat >> "$1"; '
           'else cat > "$1.tmp" && exec mv -fT -- "$1.tmp" "$1"; fi')
 _WRITER_ENV = {"PATH": "/usr/bin:/bin"}
+# Likewise: the server log "$1" moved to "$2" (the one older log, replaced), as the data directory's owner.
+ROTATOR = 'exec mv -fT -- "$1" "$2"'
+SERVER_LOG = "server.log"
 
 
 def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
@@ -155,6 +159,7 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
 
 class Cluster:
     """One PostgreSQL data directory, shared with every other iAs process that uses it."""
+    log_max = SERVER_LOG_MAX           # bytes of server.log before a start rotates it
 
     def __init__(self, datadir: Path, *, fsync: bool = True, bindir: Path | None = None):
         self.datadir = Path(datadir).resolve()
@@ -234,7 +239,7 @@ class Cluster:
         if self._user:
             uid, gid = self._owner()
             os.chown(self.datadir, uid, gid)
-            closed = _unreachable(self.datadir.parent, uid, os.getgrouplist(self._user, gid))
+            closed = unreachable(self.datadir.parent, uid, os.getgrouplist(self._user, gid))
             if closed is not None:
                 raise ClusterError(f"the '{self._user}' OS user, which runs the embedded server as root, cannot "
                                    f"reach {self.datadir} ({closed} is closed to it): set IAS_DATA_DIR to a "
@@ -300,6 +305,7 @@ class Cluster:
             return                                      # a server without a password yet gets one when it restarts
         self._check_runnable()
         self._write_settings()
+        self._rotate_log()
         stale = self._postmaster() is not None        # a killed server: its backends may still be exiting
         deadline = time.monotonic() + CLUSTER_STALE_WAIT
         for attempt in itertools.count():
@@ -309,7 +315,7 @@ class Cluster:
                 if not self.passfile.exists():
                     self._set_password()
                 self._run("pg_ctl", "start", "-D", str(self.datadir), "-w", "-t", str(CLUSTER_START_TIMEOUT),
-                          "-l", str(self.datadir / "server.log"))
+                          "-l", str(self.datadir / SERVER_LOG))
                 break
             except ClusterError:
                 # Lost a race with another start (a postmaster.pid appeared meanwhile): wait for that server.
@@ -418,6 +424,21 @@ class Cluster:
             settings += ["synchronous_commit = off", "full_page_writes = off"]
         self._write("ias.conf", "\n".join(settings) + "\n")
 
+    def _rotate_log(self) -> None:
+        """Before a start (every command run while the daemon is down starts the server, and pg_ctl appends its
+        log): a server.log over `log_max` bytes becomes server.log.1, replacing the older one, so the log
+        takes at most about twice the limit (a server running for months appends only its warnings)."""
+        log_file = self.datadir / SERVER_LOG
+        try:
+            if os.lstat(log_file).st_size <= self.log_max:
+                return
+        except OSError:
+            return                                      # no log yet
+        argv = ["/bin/sh", "-c", ROTATOR, "sh", str(log_file), str(log_file) + ".1"]
+        result = self._spawn(argv, "rotating server.log", env=_WRITER_ENV)
+        if result.returncode != 0:                      # the server starts anyway: an old log is no reason to stop
+            log.warning("cannot rotate %s: %s", log_file, (result.stderr.strip().splitlines() or ["no output"])[-1])
+
     def stop(self) -> None:
         """Stop using the cluster; the server is stopped only when no other iAs process uses it."""
         if not self._users.held:
@@ -436,7 +457,7 @@ class Cluster:
                 last.release()
 
 
-def _unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
+def unreachable(directory: Path, uid: int, gids: list[int]) -> Path | None:
     """The first of `directory` and its ancestors that `uid` (in `gids`) may not search, or None."""
     for path in [*reversed(directory.parents), directory]:
         st = path.stat()

@@ -17,23 +17,27 @@ One user's messages are handled in the order they arrived, whatever each looks u
 "Order"); their replies are queued in that order too. The exceptions are the answers that cannot
 wait: an approval reply answers the turn that waits for it, a reply that releases a held
 confirmation message or says 继续 only lets out what waits, and the database-down answers come at
-once. Different users never wait for each other. Scheduled prompt tasks run their turns in a lane
-of their own (one at a time per user), so they never make the owner's own messages wait.
+once. Different users never wait for each other, except for the bound on agent turns running at
+once (TURNS_MAX): a turn beyond it waits for a slot, in the order the turns came, and is never dropped.
+Scheduled prompt tasks run their turns in a lane of their own (one at a time per user, outside that
+bound), so they never make the owner's own messages wait. Each message is handled in a task of the
+supervisor's TURNS group, which the daemon's stop cancels (after the calls in them recorded their end).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Awaitable, Callable, Coroutine
+from typing import Awaitable, Callable
 
 from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
-from .limits import INBOUND_HELD_MAX, INBOUND_REPLAYS_MAX
+from .limits import INBOUND_HELD_MAX, INBOUND_REPLAYS_MAX, TURNS_MAX
 from .locks import Place, UserLocks
 from .outbox import Outbox
+from .supervisor import TURNS, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class Router:
     """Dispatches inbound messages from every channel; replies go back on the channel they came from."""
 
     def __init__(self, approvals: Approvals, agent: Agent, channels: dict[str, Channel], primary: Channel,
-                 outbox: Outbox, *, monitor=None, spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
+                 outbox: Outbox, *, supervisor: Supervisor, monitor=None, turns_max: int = TURNS_MAX):
         if channels.get(primary.name) is not primary:
             raise ValueError(f"the primary channel {primary.name!r} is not one of the channels")
         self.approvals = approvals
@@ -58,11 +62,10 @@ class Router:
         self.monitor = monitor        # the DatabaseMonitor, in the daemon
         self.outbox = outbox          # every message to the owner goes through it
         self.store = outbox.store
-        self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
+        self.turns = supervisor.scope(TURNS, limit=turns_max)     # messages being handled; agent turns take a slot
         self._arrivals = UserLocks()    # what a message looks up first, in the order messages came
         self._turns = UserLocks()       # turns (and answers given in turn), in the same order
         self._task_turns = UserLocks()  # scheduled prompt tasks: a lane of their own, one at a time per user
-        self._tasks: set[asyncio.Task] = set()
         self._held = 0                                  # messages that came while the database was lost
         self._holding: set[tuple[str, str]] = set()     # their (channel, message id): a redelivery is not held twice
         self._told: set[str] = set()                    # users told HELD in this outage
@@ -75,7 +78,7 @@ class Router:
     @property
     def dispatching(self) -> int:
         """How many inbound messages are being handled right now."""
-        return len(self._tasks)
+        return self.turns.active
 
     async def dispatch(self, message: Inbound) -> None:
         """Handle one message, after the user's earlier ones; never raises (a failure is logged and the
@@ -205,7 +208,8 @@ class Router:
         never reaches the model); anything else is an agent turn."""
         if parse_reply(message.text) == "code":
             return NOTHING_PENDING
-        return await self._agent_turn(message.user_id, message.text, channel)
+        async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
+            return await self._agent_turn(message.user_id, message.text, channel)
 
     async def turn(self, user_id: str, text: str, channel: Channel) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
@@ -238,15 +242,12 @@ class Router:
         return text
 
     async def deliver(self, message: Inbound) -> None:
-        """The channels' callback: dispatch as a task of the router's own (supervised in the daemon),
-        tracked so that shutdown can cancel it; cancelling the caller does not cancel the turn."""
+        """The channels' callback: dispatch as a task of the supervisor's TURNS group (which shutdown
+        cancels); cancelling the caller does not cancel the turn."""
         await asyncio.wait([self._launch(message)])
 
     def _launch(self, message: Inbound) -> asyncio.Task:
-        task = self._spawn(self.dispatch(message), f"turn {message.channel}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self.turns.spawn(self.dispatch(message), f"turn {message.channel}")
 
     async def replay(self) -> int:
         """At start, before the channels: the messages a restart, a SIGTERM or a crash left pending, each
@@ -277,11 +278,8 @@ class Router:
         return len(replayed)
 
     async def cancel(self) -> None:
-        """Shutdown: cancel turns in flight."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel the turns in flight and wait for them (the daemon's stop does this through `Supervisor.close`)."""
+        await self.turns.cancel()
 
 
 async def _answer(channel: Channel, user_id: str, text: str) -> None:

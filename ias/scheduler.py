@@ -5,8 +5,9 @@ tasks table), then claims each due slot with one compare-and-set statement. Miss
 downtime collapse into one catch-up run: the next slot is computed from *now*, not from the
 missed one. A database error in the loop is handed to `on_store_error` (the daemon's database
 monitor, which returns once the database is back); any other exception ends `run()` and so,
-under the daemon's supervisor, the daemon. Not handled: running one task's slots in parallel
-is allowed, not prevented.
+under the daemon's supervisor, the daemon. Each run is a task of the supervisor's TASKS group
+(`stop` cancels them); a cancelled run's row is written in its RECORDS group, which a stop waits
+for. Not handled: running one task's slots in parallel is allowed, not prevented.
 
 Clock jumps (a machine without RTC): the loop sleeps at most SCHEDULER_MAX_SLEEP and reads the
 wall clock afresh on waking, so after a jump forward due tasks run within that. Each tick
@@ -25,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import Awaitable, Callable, Coroutine
+from typing import Awaitable, Callable
 
 from .clock import SYSTEM, TZ
 from .cron import parse_schedule
 from .errors import StoreError
 from .limits import CLOCK_JUMP_TOLERANCE, SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
 from .store import Store, Task
+from .supervisor import TASKS, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class Scheduler:
     def __init__(self, store: Store, execute: Execute, *, now: Callable[[], datetime] = SYSTEM.now,
                  monotonic: Callable[[], float] = SYSTEM.monotonic,
                  max_sleep: float = SCHEDULER_MAX_SLEEP, on_store_error: OnStoreError | None = None,
-                 spawn: Callable[[Coroutine, str], asyncio.Task] | None = None):
+                 supervisor: Supervisor | None = None):
         self.store = store
         self.execute = execute
         self.now = now
@@ -82,8 +84,8 @@ class Scheduler:
         self._seen: tuple[datetime, float] | None = None     # (wall, monotonic) at the last tick
         self.max_sleep = max_sleep
         self.on_store_error = on_store_error or retry_later
-        self._spawn = spawn or (lambda coro, name: asyncio.create_task(coro, name=name))
-        self._running: set[asyncio.Task] = set()
+        self.supervisor = supervisor or Supervisor()     # None: one of its own (tests)
+        self.runs = self.supervisor.scope(TASKS)
 
     async def tick(self) -> list[asyncio.Task]:
         """Claim every slot due now and start its run; returns the started runs."""
@@ -101,10 +103,7 @@ class Scheduler:
             if run_id is None:
                 continue                     # another scheduler took this slot
             log.info("task %d (%s) due at %s: run %d", task.id, task.kind, slot.isoformat(), run_id)
-            run = self._spawn(self._run(task, run_id), f"task {task.id} run {run_id}")
-            self._running.add(run)
-            run.add_done_callback(self._running.discard)
-            started.append(run)
+            started.append(self.runs.spawn(self._run(task, run_id), f"task {task.id} run {run_id}"))
         return started
 
     async def _follow_clock(self, now: datetime) -> None:
@@ -137,7 +136,8 @@ class Scheduler:
         try:
             reply = await self.execute(task, run_id)
         except asyncio.CancelledError:
-            await asyncio.shield(self._finish(run_id, "error", error="cancelled (daemon stopping)"))
+            await self.supervisor.shield(self._finish(run_id, "error", error="cancelled (daemon stopping)"),
+                                         f"task run {run_id} end")
             raise
         except Exception as exc:
             log.exception("task %d run %d failed", task.id, run_id)
@@ -164,11 +164,9 @@ class Scheduler:
                 await self.on_store_error(exc)
 
     async def stop(self) -> None:
-        """Cancel runs in flight (their rows end as errors; the slots are not repeated)."""
-        runs = list(self._running)
-        for run in runs:
-            run.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
+        """Cancel runs in flight (their rows end as errors; the slots are not repeated); the daemon's stop
+        does this through `Supervisor.close`."""
+        await self.runs.cancel()
 
 
 async def retry_later(exc: Exception) -> None:

@@ -6,6 +6,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ class BuildsNothingTest(unittest.TestCase):
         """cli, commands and doctor construct none of the classes app builds (Catalog, Runner, Servers once were)."""
         built = constructed(REPO / "ias" / "app.py")
         self.assertTrue({"Catalog", "Runner", "Servers", "Store", "Gate"} <= built, built)
-        for name in ("cli", "commands", "doctor"):
+        for name in ("cli", "commands", "doctor", "backup"):
             with self.subTest(module=name):
                 self.assertEqual(constructed(REPO / "ias" / f"{name}.py") & built, set())
 
@@ -268,6 +269,49 @@ class BadInputTest(CliTestCase):
         finally:
             os.close(write_end)
         self.assert_one_line(result, 1, "broken pipe")
+
+
+class EntryPointTest(unittest.TestCase):
+    """`--version`, and `python ias.py` run by an interpreter without iAs's dependencies (SPEC §11)."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="ias-entry-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.system = "/usr/bin/python3"
+        probe = subprocess.run([self.system, "-c", "import psycopg"], capture_output=True)
+        self.assertNotEqual(probe.returncode, 0, "the test needs a system python3 without psycopg")
+
+    def checkout(self, venv: bool) -> Path:
+        """A checkout: a copy of ias.py, links to this one's ias/ and pyproject.toml, with a .venv or none."""
+        shutil.copy(REPO / "ias.py", self.tmp / "ias.py")       # a link would be resolved to this checkout
+        for name in ("ias", "pyproject.toml"):
+            (self.tmp / name).symlink_to(REPO / name)
+        if venv:
+            (self.tmp / ".venv").symlink_to(Path(sys.prefix))     # this test's venv, which has the dependencies
+        return self.tmp
+
+    def test_version_is_the_pyproject_s(self):
+        import tomllib
+        expected = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        done = subprocess.run([sys.executable, str(REPO / "ias.py"), "--version"], capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"ias {expected}\n", ""))
+
+    def test_outside_the_venv_it_runs_again_with_the_venv_s_python(self):
+        root = self.checkout(venv=True)
+        done = subprocess.run([self.system, "ias.py", "--version"], cwd=root, capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual((done.returncode, done.stderr), (0, ""))
+        self.assertRegex(done.stdout, r"^ias \d+\.\d+\.\d+\n$")
+
+    def test_without_a_venv_one_line_says_to_run_make(self):
+        root = self.checkout(venv=False)
+        done = subprocess.run([self.system, "ias.py", "tasks", "list"], cwd=root, capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(done.returncode, 1)
+        self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
+        self.assertIn("run `make`", done.stderr)
+        self.assertNotIn("Traceback", done.stderr)
 
 
 if __name__ == "__main__":

@@ -366,8 +366,8 @@ class LifecycleTest(McpTestCase):
     async def test_a_keeper_dying_of_the_unexpected_stops_the_daemon_loudly(self):
         # STYLE 14: a keeper dying of anything but McpError used to vanish with its bare ensure_future.
         records = capture_logs(self)
-        supervisor = Supervisor()
-        servers = Servers(self.registry, self.runner, self.tmp / "mcp", spawn=supervisor.spawn)
+        supervisor = Supervisor(daemon=True)
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp", supervisor=supervisor)
         with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
             servers.keep()
             await asyncio.wait_for(supervisor.failed.wait(), 10)
@@ -375,14 +375,15 @@ class LifecycleTest(McpTestCase):
         self.assertRegex(supervisor.reason, r"task mcp (demo|picky) keeper crashed: RuntimeError\('unexpected'\)")
         self.assertTrue(any(r.levelname == "CRITICAL" and r.exc_info for r in records))
 
-    async def test_without_a_supervisor_a_dying_keeper_is_logged(self):
+    async def test_in_a_one_off_a_dying_keeper_is_logged_with_its_traceback(self):
         records = capture_logs(self)
-        servers = Servers(self.registry, self.runner, self.tmp / "mcp")      # a one-off command's
+        servers = Servers(self.registry, self.runner, self.tmp / "mcp")      # a supervisor of its own
         with mock.patch.object(self.runner, "start_server", side_effect=RuntimeError("unexpected")):
             servers.keep()
             await until(lambda: sum("keeper crashed" in r.getMessage() for r in records) == 2)
             await servers.close()
         self.assertTrue(all(r.exc_info for r in records if "keeper crashed" in r.getMessage()))
+        self.assertTrue(servers.supervisor.failed.is_set())                 # for the command to decide
 
 
 class SkillFileTest(unittest.TestCase):

@@ -1,4 +1,4 @@
-"""The database monitor (reconnect with backoff, restart, give up after the limit) and the supervisor."""
+"""The database monitor (reconnect with backoff, restart, give up after the limit) and the low-disk watch."""
 import asyncio
 import logging
 import tempfile
@@ -11,7 +11,6 @@ from ias.doctor import disk_line
 from ias.errors import StoreError
 from ias.monitor import DatabaseMonitor, DiskWatch, low_disk
 from ias.store import Store
-from ias.supervisor import Supervisor
 from tests.support import capture_logs, server_dsn
 
 
@@ -170,29 +169,6 @@ class DoctorDiskLineTest(unittest.TestCase):
         self.assertEqual((ok, what), (None, "disk"))              # a warning, not a failure
         self.assertIn("2.0% free under", detail)
         self.assertIn("below 5%", detail)
-
-
-class SupervisorTest(unittest.IsolatedAsyncioTestCase):
-    async def test_a_crash_is_logged_with_its_traceback_and_fails_the_daemon(self):
-        records = capture_logs(self)
-        supervisor = Supervisor()
-
-        async def crash():
-            raise ValueError("boom")
-        supervisor.spawn(crash(), "cruncher")
-        await asyncio.wait_for(supervisor.failed.wait(), 5)
-        self.assertIn("cruncher", supervisor.reason)
-        (record,) = [r for r in records if r.levelno == logging.CRITICAL]
-        self.assertEqual(record.exc_info[0], ValueError)
-
-    async def test_cancelled_and_finished_tasks_are_no_failure(self):
-        supervisor = Supervisor()
-        done = supervisor.spawn(asyncio.sleep(0), "short")
-        forever = supervisor.spawn(asyncio.Event().wait(), "forever")
-        await done
-        await supervisor.cancel(5)
-        self.assertTrue(forever.cancelled())
-        self.assertFalse(supervisor.failed.is_set())
 
 
 if __name__ == "__main__":

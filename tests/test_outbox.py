@@ -350,6 +350,17 @@ class ConsoleTest(OutboxTestCase):
         self.assertEqual(self.task_runs(task.id)[0].delivery, "fallback")
 
 
+class ConcurrentUsersTest(OutboxTestCase):
+    async def test_replies_to_several_users_sent_at_once_are_each_settled_once(self):
+        # Two users' flushes settled the same part at once, and the second failed with a KeyError.
+        channel = FakeChannel("fake")
+        outbox = Outbox(self.store, {"fake": channel}, "fake", now=self.clock.now)
+        outcomes = await asyncio.gather(*(outbox.send(f"user{i}", f"回答{i}") for i in range(6)))
+        self.assertEqual(outcomes, ["delivered"] * 6)
+        self.assertEqual(sorted(text for _, text in channel.sent), [f"回答{i}" for i in range(6)])
+        self.assertEqual(await self.store.queued(), [])
+
+
 class RestartTest(OutboxTestCase):
     async def test_what_waits_for_wechat_survives_a_restart_and_console_leftovers_are_dropped(self):
         console = FakeChannel("console", deliver=False)

@@ -267,6 +267,26 @@ class ClusterTestCase(ClusterCase):
         finally:
             cluster.stop()
 
+    def test_a_big_server_log_is_rotated_at_the_next_start_by_its_owner(self):
+        cluster = Cluster(self.datadir, fsync=False)
+        cluster.log_max = 1000
+        cluster.start()
+        cluster.stop()
+        log_file = self.datadir / "server.log"
+        with open(log_file, "a", encoding="ascii") as out:
+            out.write("x" * 2000 + "\n")
+        cluster.start()
+        try:
+            old = self.datadir / "server.log.1"
+            self.assertIn("x" * 2000, old.read_text())
+            self.assertLess(log_file.stat().st_size, 1000)
+            self.assertEqual(old.stat().st_uid, self.datadir.stat().st_uid)
+        finally:
+            cluster.stop()
+        cluster.start()                             # small again: left as it is, the old one kept
+        cluster.stop()
+        self.assertIn("x" * 2000, (self.datadir / "server.log.1").read_text())
+
     def test_stop_without_start_leaves_the_server_alone(self):
         user = self.user()
         self.up(user)

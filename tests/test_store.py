@@ -20,6 +20,7 @@ from ias.errors import StoreError
 from ias.limits import STORED_JSON_DEPTH
 from ias.scheduler import prune_daily
 from ias.store import TOO_DEEP, Approval, AuditEntry, Store, storable
+from ias.supervisor import Supervisor
 from tests.servers.llm import calls, text
 from tests.support import REPO, FakeOwner, GateTestCase, StoreTestCase
 from tests.test_agent import WireTestCase
@@ -177,6 +178,30 @@ class PoolTest(StoreTestCase):
             self.assertEqual(self.store.idle_connections, 0)
             [row] = await self.store.audit_rows(1)     # a new connection when one is needed again
             self.assertEqual(row.event, "pool_test")
+
+    async def test_idle_connections_close_under_the_given_supervisor_and_a_failed_close_stops_nothing(self):
+        supervisor = Supervisor(daemon=True)
+        store = await Store.open(self.dsn, chain=self.chain, supervisor=supervisor)
+        self.addAsyncCleanup(store.close)
+        closes = supervisor.scope("store")
+        with mock.patch("ias.store.pool.POOL_IDLE_CLOSE", 0.05):
+            await store.audit(AuditEntry("pool_test"))
+            [(conn, _)] = store._idle
+            real_close, closing = conn.close, asyncio.Event()
+
+            async def refused():
+                closing.set()
+                await real_close()
+                raise psycopg.OperationalError("the server went away first")
+            conn.close = refused
+            with self.assertLogs("ias.store.pool", "WARNING") as logged:
+                await asyncio.wait_for(closing.wait(), 5)
+                self.assertTrue(await closes.wait(5))
+        self.assertIn("the server went away first", logged.output[0])
+        self.assertEqual(store.idle_connections, 0)
+        self.assertFalse(supervisor.failed.is_set())
+        [row] = await store.audit_rows(1)
+        self.assertEqual(row.event, "pool_test")
 
 
 class ApprovalTransitionsTest(StoreTestCase):

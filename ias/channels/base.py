@@ -12,7 +12,6 @@ send-budget rule both apply. Not handled: media, several recipients per message,
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from abc import ABC, abstractmethod
@@ -146,11 +145,6 @@ class Channel(ABC):
     @abstractmethod
     async def stop(self) -> None:
         """Stop receiving and release resources."""
-
-    async def watch(self) -> None:
-        """Until the channel's own background loop ends: returns when it stopped on purpose, raises
-        what crashed it. The daemon runs this under its supervisor. Default: no loop of its own."""
-        await asyncio.Event().wait()
 
     def can_confirm(self) -> bool:
         """Whether a confirmation code may be sent here: a person reads it, and it is not a log."""

@@ -17,9 +17,9 @@ written to the data directory (registry.write_tools), so `ias skills` shows the 
 starting anything; one that changed since the first listing only by the daemon, which tells the
 owner (the cache is the next process's first listing). `close` stops every server this process
 started: stdin closed, then SIGTERM and SIGKILL to its group. Every background task here (the
-keepers, each connection's readers) runs through the `spawn` given at construction: the daemon
-passes its supervisor's, so one that dies of anything unexpected takes the daemon down loudly
-(STYLE 14); without one (a one-off command) its crash is logged.
+keepers, each connection's readers) runs under the supervisor given at construction (groups MCP and
+"mcp keepers"): in the daemon one that dies of anything unexpected takes the daemon down loudly
+(STYLE 14); in a one-off command its crash is logged with its traceback.
 
 `Servers.run(skill, params, user) -> Outcome` is the executor of the skills made of MCP tools
 (outcome.py): no exit code (no process runs per call); the size is that of the answer.

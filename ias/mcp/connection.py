@@ -21,6 +21,7 @@ from ..limits import (
 )
 from ..runner import Server
 from ..skills import Skill
+from ..supervisor import Scope
 
 log = logging.getLogger(__name__)
 
@@ -32,26 +33,11 @@ class McpError(Exception):
     """The server could not be started, broke the protocol, answered with an error, or went away."""
 
 
-Spawn = Callable[[Coroutine, str], asyncio.Task]       # runs a named background task (Supervisor.spawn)
-
-
-def plain_spawn(coro: Coroutine, name: str) -> asyncio.Task:
-    """A task outside any supervisor (one-off commands, tests): a crash is logged, nothing else stops."""
-    task = asyncio.get_running_loop().create_task(coro, name=name)
-    task.add_done_callback(_log_crash)
-    return task
-
-
-def _log_crash(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s crashed", task.get_name(), exc_info=task.exception())
-
-
 class Connection:
     """One running server and the JSON-RPC session over its pipes."""
 
-    def __init__(self, server: Server, on_notify: Callable[[str], None] | None = None,
-                 spawn: Spawn | None = None):
+    def __init__(self, server: Server, tasks: Scope, on_notify: Callable[[str], None] | None = None):
+        """`tasks`: the supervisor's group its reader, stderr logger and background work run in."""
         self.server = server
         self.name = server.name
         self.protocol = ""
@@ -61,15 +47,14 @@ class Connection:
         self._pending: dict[int, asyncio.Future] = {}
         self.closed = asyncio.Event()
         self.started = time.monotonic()
-        self._spawn = spawn = spawn or plain_spawn
-        self._tasks = [spawn(self._read(), f"mcp {self.name} reader"), spawn(self._stderr(), f"mcp {self.name} stderr")]
+        self._tasks = tasks
+        self._readers = (tasks.spawn(self._read(), f"mcp {self.name} reader"),
+                         tasks.spawn(self._stderr(), f"mcp {self.name} stderr"))
         self._junk = 0                       # lines that were no JSON-RPC message (logged up to MCP_STDERR_LINES)
 
-    def background(self, coro) -> None:
-        """A task that must not hold up the reader; kept referenced until it ends."""
-        task = self._spawn(coro, f"mcp {self.name} background")
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+    def background(self, coro: Coroutine) -> None:
+        """A task that must not hold up the reader, in the supervisor's group."""
+        self._tasks.spawn(coro, f"mcp {self.name} background")
 
     async def initialize(self, timeout: float = MCP_PROTOCOL_TIMEOUT) -> None:
         """The handshake; raises McpError when the server answers a revision iAs does not speak."""
@@ -256,5 +241,6 @@ class Connection:
             log.info("mcp server %s: %d more stderr lines not logged", self.name, skipped)
 
     async def wait_closed(self) -> None:
+        """Until the server's output has ended and its reader and stderr logger are done."""
         await self.closed.wait()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.wait(self._readers)

@@ -21,7 +21,8 @@ from ..outcome import Outcome
 from ..runner import Runner
 from ..registry import Registry, mcp_skills, write_tools
 from ..skills import McpServer, Skill
-from .connection import Connection, McpError, Spawn, plain_spawn
+from ..supervisor import MCP, Supervisor
+from .connection import Connection, McpError
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,12 @@ class Servers:
 
     def __init__(self, registry: Registry, runner: Runner, cache, allow: frozenset[str] = frozenset(), *,
                  restart_first: float = MCP_RESTART_FIRST, restart_max: float = MCP_RESTART_MAX,
-                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False, spawn: Spawn | None = None):
+                 stop_grace: float = MCP_STOP_GRACE, tells_owner: bool = False, supervisor: Supervisor | None = None):
         self.registry = registry
-        self._spawn = spawn or plain_spawn   # every background task (keepers, readers) runs through it
+        # Every background task (keepers, readers, relists) runs in the supervisor's MCP group (None: its own).
+        self.supervisor = supervisor or Supervisor()
+        self.tasks = self.supervisor.scope(MCP)
+        self._keepers = self.supervisor.scope(f"{MCP} keepers")
         # Only a process that tells the owner (the daemon) caches a listing that changed since the first:
         # the cache is the first listing of the next process, where a changed tool is Low again.
         self.tells_owner = tells_owner
@@ -45,7 +49,6 @@ class Servers:
         self.stop_grace = stop_grace
         self._live: dict[str, Connection] = {}
         self._starting: dict[str, asyncio.Lock] = {}
-        self._keepers: list[asyncio.Task] = []
         self._listings: dict[str, int] = {}       # server -> listings begun (only the newest one is applied)
         self._closing = False
         self.errors: dict[str, str] = {}          # server -> why it is unavailable
@@ -77,7 +80,7 @@ class Servers:
             except OSError as exc:
                 self.errors[name] = f"cannot start {spec.command[0]!r}: {exc.strerror or exc}"
                 raise McpError(f"mcp server {name}: {self.errors[name]}") from None
-            conn = Connection(server, lambda method: self._notified(name, method), self._spawn)
+            conn = Connection(server, self.tasks, lambda method: self._notified(name, method))
             try:
                 await conn.initialize()
                 await self._refresh(spec, conn)
@@ -164,7 +167,7 @@ class Servers:
     def keep(self) -> None:
         """Daemon: start every server now and restart one that dies, with backoff."""
         for name in self.registry.servers:
-            self._keepers.append(self._spawn(self._keep(name), f"mcp {name} keeper"))
+            self._keepers.spawn(self._keep(name), f"mcp {name} keeper")
 
     async def _keep(self, name: str) -> None:
         delay = self.restart_first
@@ -192,9 +195,7 @@ class Servers:
         cancellation that races an answer."""
         self._closing = True
         self._stop.set()
-        for task in self._keepers:
-            task.cancel()
-        await asyncio.gather(*self._keepers, return_exceptions=True)
+        await self._keepers.cancel()
         live, self._live = list(self._live.values()), {}
         await asyncio.gather(*(self.runner.stop_server(conn.server, self.stop_grace) for conn in live))
         await asyncio.gather(*(conn.wait_closed() for conn in live), return_exceptions=True)

@@ -20,18 +20,21 @@ from datetime import datetime
 
 from ..auditchain import AuditChain
 from ..limits import POOL_IDLE_CLOSE, POOL_SIZE, PRUNE_BATCH
+from ..supervisor import Supervisor
 from .approvals import Approvals
 from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
+from .pool import objects, without_password
 from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task
 from .tasks import Tasks
 from .values import TOO_DEEP, storable
 
 # The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
 __all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
-           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK"]
+           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
+           "without_password"]
 
 # What `prune_history` removes (older than its parameter and settled), per table.
 _PRUNABLE = {
@@ -48,12 +51,14 @@ class Store(Approvals, Tasks, Outbox, Conversation):
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
     @classmethod
-    async def open(cls, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None) -> "Store":
+    async def open(cls, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None, *,
+                   supervisor: Supervisor | None = None) -> "Store":
         """Connect and bring the schema up to date; raise StoreError when unreachable or too new.
 
-        `chain`: the key and head file audit rows are written with (`AuditChain.derive`).
+        `chain`: the key and head file audit rows are written with (`AuditChain.derive`); `supervisor`:
+        the one its background work runs under (see Pool).
         """
-        store = cls(dsn, pool_size, chain)
+        store = cls(dsn, pool_size, chain, supervisor=supervisor)
         try:
             async with store._conn() as conn:
                 await migrate(conn)

@@ -21,6 +21,7 @@ from .. import auditchain
 from ..auditchain import AuditChain, Checkpoint, Head
 from ..errors import IasError, StoreError
 from ..limits import AUDIT_BATCH, POOL_SIZE
+from ..supervisor import Supervisor
 from .pool import Pool, first_line
 from .records import AuditEntry, AuditRow, ChainRow, Pruned
 
@@ -90,8 +91,9 @@ def _audit_values(entry: AuditEntry) -> list:
 class AuditLog(Pool):
     """The audit log's queries; rows are keyed with `chain` (None: none can be written)."""
 
-    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None):
-        super().__init__(dsn, pool_size)
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, chain: AuditChain | None = None, *,
+                 supervisor: Supervisor | None = None):
+        super().__init__(dsn, pool_size, supervisor=supervisor)
         self.chain = chain              # None: audit rows cannot be written (nothing is audited unkeyed)
         self._lost_told = False         # the log's lost rows are logged once per store
 

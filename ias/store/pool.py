@@ -1,5 +1,6 @@
 """Connections: a small pool of autocommit connections, idle ones closed after a while, the
-dedicated LISTEN connection, reconnecting after an outage, closing.
+dedicated LISTEN connection, reconnecting after an outage, closing; and for `ias backup`/`restore`,
+whether a database is empty and a connection string's password set apart for a client program.
 
 Not handled: a connection's health between uses (one that broke while idle fails its next
 query, with StoreError, and is closed then), and limiting how many clients the server takes.
@@ -7,6 +8,7 @@ query, with StoreError, and is closed then), and limiting how many clients the s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -17,7 +19,10 @@ from psycopg.rows import dict_row
 
 from ..errors import StoreError
 from ..limits import CONNECT_TIMEOUT, POOL_IDLE_CLOSE, POOL_SIZE
+from ..supervisor import Supervisor
 from .values import make_storable
+
+log = logging.getLogger(__name__)
 
 
 def first_line(exc: Exception) -> str:
@@ -29,11 +34,13 @@ def first_line(exc: Exception) -> str:
 class Pool:
     """A pool of autocommit connections to one database; the table families' queries build on it."""
 
-    def __init__(self, dsn: str, pool_size: int = POOL_SIZE):
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, *, supervisor: Supervisor | None = None):
+        """`supervisor`: whose group "store" closes idle connections in the background (the daemon's;
+        a command's own otherwise)."""
         self.dsn = dsn
         self._size = pool_size
         self._idle: list[tuple[psycopg.AsyncConnection, float]] = []    # with the time each came back
-        self._closing: set[asyncio.Task] = set()
+        self._closes = (supervisor or Supervisor()).scope("store", keep=True)
         self._slots = asyncio.Semaphore(pool_size)
         self._listen_conn: psycopg.AsyncConnection | None = None    # outside the pool: Tasks.wait_for_task_change
 
@@ -77,9 +84,7 @@ class Pool:
         stale = [conn for conn, returned in self._idle if returned <= cutoff]
         self._idle = [(conn, returned) for conn, returned in self._idle if returned > cutoff]
         for conn in stale:
-            task = asyncio.ensure_future(conn.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._closes.spawn(_close_quietly(conn), "closing an idle database connection")
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -90,8 +95,7 @@ class Pool:
         for conn, _ in self._idle:
             await conn.close()
         self._idle.clear()
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._closes.wait()
         if self._listen_conn is not None:
             await self._listen_conn.close()
         self._listen_conn = None
@@ -106,3 +110,38 @@ class Pool:
             await conn.close()
         async with self._conn() as conn:
             await conn.execute("SELECT 1")
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection) -> None:
+    """Close an idle connection; one that fails to close is gone anyway, which is no reason to stop iAs."""
+    try:
+        await conn.close()
+    except (psycopg.Error, OSError) as exc:
+        log.warning("closing an idle database connection failed: %s", first_line(exc))
+
+
+def without_password(dsn: str) -> tuple[str, str | None]:
+    """`dsn` without its password, and the password: for a client program, which gets the password in its
+    environment (PGPASSWORD), never on its command line (which every local user can read)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise StoreError(f"invalid database connection string: {first_line(exc)}") from None
+    password = params.pop("password", None)
+    return make_conninfo(**params), None if password is None else str(password)
+
+
+async def objects(dsn: str) -> int:
+    """How many relations and functions the database at `dsn` holds outside PostgreSQL's own schemas:
+    0 is an empty database, the only kind `ias restore` restores into (no migration is applied here)."""
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%') "
+                "     + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "        WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%')")
+            return (await cur.fetchone())[0]
+    except psycopg.OperationalError as exc:
+        raise StoreError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None

@@ -12,6 +12,8 @@ in `channel_state`, because sends are only accepted within 24 h of the user's la
 and must echo that token.
 
 `stop()` cancels a held 35-second long poll at once: the client opens one connection per request.
+The long poll, the media notes and the deliveries to the router run under the supervisor the channel
+is given (its CHANNELS group): a crash of the long poll is a crash of the daemon.
 
 Deliberately not handled: media (images, files, video and voice without a transcript get a
 short note: downloading them needs the CDN and AES-128-ECB), sending media, typing indicators
@@ -27,6 +29,7 @@ from typing import Any, Awaitable, Callable
 
 from ... import limits
 from ...errors import IasError, StoreError
+from ...supervisor import CHANNELS, Supervisor
 from .ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
                      USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
 from ..base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound, Window
@@ -89,8 +92,10 @@ class WeChatChannel(Channel):
                  on_stale: Callable[[str], Awaitable[None]] | None = None,
                  retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY,
                  window: float = limits.WECHAT_REPLY_WINDOW, budget: int = limits.WECHAT_SEND_BUDGET,
-                 send_timeout: float = limits.WECHAT_SEND_TIMEOUT):
+                 send_timeout: float = limits.WECHAT_SEND_TIMEOUT, supervisor: Supervisor | None = None):
         self.store = store
+        self.supervisor = supervisor or Supervisor()     # None: one of its own (tests)
+        self._notes = self.supervisor.scope("wechat notes")     # our own sends (media notes): cancelled on stop
         self.credentials = credentials
         self.owner = credentials.owner
         self.stale = False
@@ -106,15 +111,12 @@ class WeChatChannel(Channel):
         self._peers: dict[str, _Peer] = {}
         self._poller: asyncio.Task | None = None
         self._first_poll = asyncio.Event()              # the first getupdates has returned (or failed)
-        self._notes: set[asyncio.Task] = set()          # our own sends (media notes): cancelled on stop
-        self._deliveries: set[asyncio.Task] = set()     # the router's: it cancels turns itself
 
     async def start(self, deliver: Deliver) -> None:
         if self._poller is not None:
             return
         self._deliver = deliver
-        self._poller = asyncio.create_task(self._poll(), name="wechat-poll")
-        self._poller.add_done_callback(self._finished)
+        self._poller = self.supervisor.spawn(self._poll(), "wechat poll", group=CHANNELS)
 
     async def caught_up(self, timeout: float) -> None:
         """Wait at most `timeout` s for the first long poll to return: what was already waiting on the
@@ -124,21 +126,16 @@ class WeChatChannel(Channel):
         except TimeoutError:
             pass                                # nothing was waiting: the server holds the poll
 
-    async def watch(self) -> None:
-        if self._poller is not None:
-            await asyncio.shield(self._poller)      # a crash of the long poll stops the daemon
-
     @property
     def polling(self) -> bool:
         """Whether the long poll runs (not before start, after stop, or once the session is stale)."""
         return self._poller is not None and not self._poller.done()
 
     async def stop(self) -> None:
-        tasks = [task for task in (self._poller, *self._notes) if task is not None and not task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=limits.WECHAT_STOP_GRACE)
+        if self._poller is not None and not self._poller.done():
+            self._poller.cancel()
+            await asyncio.wait([self._poller], timeout=limits.WECHAT_STOP_GRACE)
+        await self._notes.cancel(limits.WECHAT_STOP_GRACE)
 
     # -- receiving ------------------------------------------------------------------------
     async def _poll(self) -> None:
@@ -239,24 +236,22 @@ class WeChatChannel(Channel):
         log.info("WeChat: message %s from the owner (%d characters%s)", message_id, len(text),
                  ", unsupported items" if other else "")
         if other:
-            self._spawn(self.send(sender, MEDIA_MIXED if text else MEDIA_ONLY), self._notes)
+            self._notes.spawn(self._note(sender, MEDIA_MIXED if text else MEDIA_ONLY), "wechat media note")
         if text and self._deliver is not None:
             # Not awaited: a turn can take minutes, and an approval reply must get through meanwhile.
-            # Tasks start in creation order; the router keeps the turns of one user in order.
-            self._spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id, inbound_id)), self._deliveries)
+            # Tasks start in creation order; the router keeps the turns of one user in order (the router
+            # cancels its turns itself).
+            self.supervisor.spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id, inbound_id)),
+                                  "wechat delivery", group=CHANNELS)
         if unrecorded is not None:
             raise unrecorded
 
-    def _spawn(self, coro: Awaitable, into: set[asyncio.Task]) -> None:
-        task = asyncio.ensure_future(coro)
-        into.add(task)
-        task.add_done_callback(into.discard)
-        task.add_done_callback(self._finished)
-
-    @staticmethod
-    def _finished(task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("WeChat: a background task failed", exc_info=task.exception())
+    async def _note(self, user_id: str, text: str) -> None:
+        """A note about media, best effort: the database failing it is logged (the message itself is handled)."""
+        try:
+            await self.send(user_id, text)
+        except IasError as exc:
+            log.warning("WeChat: the note to %s about media was not sent: %s", user_id, exc)
 
     async def _expire(self, detail: Any = None) -> None:
         """-14: stop polling for good (until a new login and restart), say so once."""
