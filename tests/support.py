@@ -438,6 +438,20 @@ def load_script(path: Path, name: str):
     return module
 
 
+def keep_root_logging(test: unittest.TestCase) -> None:
+    """Undo, when `test` ends, what the code it runs does to the root logger: `cli.main`'s basicConfig leaves a
+    stderr handler that would print every later test's logs into the run."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def restore() -> None:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    test.addCleanup(restore)
+
+
 def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:
     """Every log record emitted (at any level) until the test ends."""
     records: list[logging.LogRecord] = []
