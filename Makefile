@@ -45,11 +45,14 @@ test: $(STAMP)
 	IAS_TEST_FAST= $(PY) -m unittest discover -s tests -t .
 
 # The suite without the slow end-to-end and cluster tests (they skip themselves, naming this target), for
-# the edit-test loop; `make test` (and CI) run everything.
+# the edit-test loop: its modules spread over a few processes, each with a database of its own
+# (tests/parallel.py; JOBS=N to choose how many; a module that prints anything fails it). `make test`
+# (and CI) run everything with unittest's discover.
+JOBS ?= 3
 test-fast: $(STAMP)
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_TEST_DATABASE_URL)
-	IAS_TEST_FAST=1 $(PY) -m unittest discover -s tests -t .
+	IAS_TEST_FAST=1 $(PY) -m tests.parallel -j $(JOBS)
 
 bench: $(STAMP)
 	@$(ensure_bwrap)

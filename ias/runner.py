@@ -82,6 +82,7 @@ from .limits import (
     ENV_VALUE_MAX,
     KILL_GRACE,
     OUTPUT_HELD_MAX,
+    REAP_WAIT,
     STDERR_HELD_MAX,
 )
 from . import results
@@ -299,6 +300,9 @@ class Runner:
             return timed_out
         except BaseException:   # cancelled: no time left for a grace period
             signal_group(pgid, signal.SIGKILL)
+            # Reaped before the caller closes the transport: close() polls a child that asyncio's watcher is
+            # reaping too, and the loser logs "Unknown child process pid N, will report returncode 255".
+            await _wait_for(output.exited, REAP_WAIT)
             raise
 
     def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,

@@ -1,7 +1,8 @@
 """Shared test support: a real PostgreSQL per test run, a fresh schema per test, small fakes.
 
 The database is `IAS_TEST_DATABASE_URL` when set, else a throwaway embedded cluster created
-on first use and removed at exit. No PostgreSQL is a failure, never a skip.
+on first use and removed at exit. No PostgreSQL is a failure, never a skip. A StoreTestCase's schema is
+made (migrated) ahead and dropped after by tests/schema_maker.py's process, while tests wait.
 
 The model in process is `ScriptedLLM`; the wire (the SDK, retries, deadlines, replies other
 servers really send) is tests/servers/llm.py's. `FAST` is set by `make test-fast`: tests that run
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,12 +41,18 @@ from ias.config import Config
 from ias.llm import Reply, ToolCall
 from ias.pgcluster import Cluster
 from ias.store import Store
+from tests.schema_maker import schema_dsn
+
+# iAs imports the SDK on its first request: 1-3 s (more beside other suites) that would come out of whatever
+# deadline a test gives that request. Imported here once per test process instead; tests/test_llm.py checks
+# the first request's import in a fresh interpreter.
+importlib.import_module("openai")
 
 REPO = Path(__file__).resolve().parent.parent
 SKILL_LIB = str(REPO / "resources" / "lib")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-_server: dict[str, str] = {}
+_server: dict = {}        # "dsn", and "maker": the schema maker once started
 
 
 def server_dsn() -> str:
@@ -70,6 +78,8 @@ def server_dsn() -> str:
             if threading.current_thread() is threading.main_thread() \
                     and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                 def terminated(signum, _frame) -> None:     # `timeout`, a CI limit: no cluster left behind
+                    if "maker" in _server:
+                        _server["maker"].process.kill()
                     cleanup()
                     os._exit(128 + signum)
                 signal.signal(signal.SIGTERM, terminated)
@@ -82,12 +92,62 @@ def fresh_schema_dsn() -> tuple[str, str]:
     name = "t_" + uuid.uuid4().hex[:12]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")
-    return make_conninfo(dsn, options=f"-c search_path={name}"), name
+    return schema_dsn(dsn, name), name
+
+
+def migrated_schema_dsn() -> tuple[str, str]:
+    """As fresh_schema_dsn, the schema already at the latest migration (made ahead by tests/schema_maker.py)."""
+    name = _maker().take()
+    return schema_dsn(server_dsn(), name), name
 
 
 def drop_schema(name: str) -> None:
-    with psycopg.connect(server_dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    """Drop a test's schema, in the schema maker's process: the next test does not wait for it."""
+    _maker().drop(name)
+
+
+class _SchemaMaker:
+    """The process of tests/schema_maker.py for this test process (its own throwaway files removed at exit)."""
+
+    def __init__(self, dsn: str):
+        self.errors = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.schema_maker", dsn], cwd=REPO, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
+        self.lock = threading.Lock()
+
+    def take(self) -> str:
+        with self.lock:
+            name = self.process.stdout.readline().strip()
+            if not name:
+                self.errors.seek(0)
+                raise RuntimeError("tests/schema_maker.py stopped: " + self.errors.read().decode(errors="replace"))
+            self.process.stdin.write("make\n")
+            self.process.stdin.flush()
+            return name
+
+    def drop(self, name: str) -> None:
+        with self.lock:
+            self.process.stdin.write(f"drop {name}\n")
+            self.process.stdin.flush()
+
+    def close(self) -> None:
+        """Drop what is left, before the cluster stops."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self.errors.close()
+
+
+def _maker() -> _SchemaMaker:
+    if "maker" not in _server:
+        dsn = server_dsn()
+        _server["maker"] = maker = _SchemaMaker(dsn)
+        atexit.register(maker.close)       # runs before the cluster's cleanup, registered earlier
+    return _server["maker"]
 
 
 FAST = os.environ.get("IAS_TEST_FAST", "") == "1"
@@ -100,10 +160,10 @@ slow = unittest.skipIf(FAST, "runs iAs as a process or a cluster of its own: ski
 # - a test's own coroutine (test_*, asyncSetUp, asyncTearDown) blocking on purpose: `ias` run as a process,
 #   SQL through `sql()`, a FlakyStore losing its database, writing a few hundred skills;
 # - a step of the daemon's own tasks under SLOW_CALLBACK seconds: on a machine running other suites a
-#   10 ms step takes 0.2 s. A step over it (e.g. importing openai on the loop, 1-3 s) is still reported.
+#   10 ms step takes 0.2 s, and 0.6 s with four test processes on two cores. A step over it (e.g. importing openai on the loop, 1-3 s) is still reported.
 # And "Close running child process: kill …": the runner, cancelled, sends SIGKILL to a skill's group and closes
 # its transport before the child is reaped (asyncio reaps it after); debug mode only.
-SLOW_CALLBACK = 0.5
+SLOW_CALLBACK = 1.0
 _TEST_STEP = re.compile(r"coro=<\w+\.(?:test_\w*|asyncSetUp|asyncTearDown)\(\)")
 
 
@@ -136,7 +196,7 @@ class StoreTestCase(unittest.IsolatedAsyncioTestCase):
         server_dsn()        # start the cluster outside the event loop
 
     async def asyncSetUp(self) -> None:
-        self.dsn, self.schema_name = fresh_schema_dsn()
+        self.dsn, self.schema_name = migrated_schema_dsn()
         self.chain = test_chain(self)
         self.store = await Store.open(self.dsn, chain=self.chain)
 
@@ -376,6 +436,20 @@ def load_script(path: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def keep_root_logging(test: unittest.TestCase) -> None:
+    """Undo, when `test` ends, what the code it runs does to the root logger: `cli.main`'s basicConfig leaves a
+    stderr handler that would print every later test's logs into the run."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def restore() -> None:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    test.addCleanup(restore)
 
 
 def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:

@@ -17,7 +17,7 @@ from ias import cli, config as config_module
 from ias.datadir import check, locate, named, service_data_dir
 from ias.errors import ConfigError
 from ias.service import TEMPLATE, render, service
-from tests.support import REPO, slow
+from tests.support import REPO, keep_root_logging, slow
 
 NOBODY = pwd.getpwnam("nobody")
 STEP = 60
@@ -67,6 +67,7 @@ class LocateTest(unittest.TestCase):
         data_dir.mkdir()
         self.unit.write_text(render(TEMPLATE.read_text(), service("ias", data_dir, REPO)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("IAS_")}
+        keep_root_logging(self)
         with mock.patch("ias.service.UNIT_PATH", self.unit), mock.patch.dict(os.environ, env, clear=True), \
                 redirect_stdout(io.StringIO()) as out:
             self.assertEqual(cli.main(["skills", "--json"]), 0)

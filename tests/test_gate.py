@@ -24,7 +24,7 @@ from ias.results import interrupted
 from ias.processes import identity
 from ias.store import AuditEntry, Store
 from ias.unwritten import End
-from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, test_chain, until, with_env
+from tests.support import FIXTURES, FakeOwner, GateTestCase, granted, slow, test_chain, until, with_env
 from tests.test_runner import running
 
 
@@ -87,6 +87,7 @@ class FinishTest(GateTestCase):
         self.addAsyncCleanup(store.close)
         return cluster, store
 
+    @slow
     async def test_when_the_store_refuses_the_owner_is_told_the_call_ran(self):
         cluster, store = await self.private_cluster()
         other = self.build(store=store)
@@ -97,6 +98,7 @@ class FinishTest(GateTestCase):
         self.assertEqual(await asyncio.wait_for(call, 30), {"success": True, "output": "woke\n"})
         self.assertEqual(owner.messages[-1], NOT_SAVED.format(name="nap_high"))
 
+    @slow
     async def test_an_end_refused_during_an_outage_is_written_when_the_database_returns(self):
         cluster, store = await self.private_cluster(fsync=True)      # skill_started survives the kill -9
         other = self.build(store=store)
@@ -118,6 +120,7 @@ class FinishTest(GateTestCase):
         self.assertEqual(await store.unfinished_calls(), [])    # so no later start takes it for interrupted
         self.assertEqual(await other.gate.record_interrupted(), 0)
 
+    @slow
     async def test_an_end_kept_past_a_daemon_stop_is_written_by_the_next_start_never_interrupted(self):
         cluster, store = await self.private_cluster(fsync=True)
         other = self.build(store=store)

@@ -326,7 +326,7 @@ class OrderTest(RouterTestCase):
         router = self.build(channels=[console], primary=console).router
         self.addAsyncCleanup(router.cancel)
         await console.start(router.deliver)          # a thread hands each line to the loop, none awaited
-        await until(lambda: stdout.getvalue().count('"output"') == 30)
+        await until(lambda: stdout.getvalue().count('"output"') == 30, 60)     # 30 skill runs: slow under load
         outputs = re.findall(r'"output": "(\d+)"', stdout.getvalue())
         self.assertEqual(outputs, [str(i) for i in range(30)])
 

@@ -64,6 +64,10 @@ class SchedulerTest(StoreTestCase):
         self.recorder = Recorder(self.clock)
         self.scheduler = Scheduler(self.store, self.recorder, now=self.clock.now, monotonic=self.clock.monotonic)
 
+    async def asyncTearDown(self):
+        await self.scheduler.stop()     # runs still in flight end before the store closes, not after
+        await super().asyncTearDown()
+
     async def tick(self, at: datetime, scheduler: Scheduler | None = None) -> int:
         self.clock.at = at
         runs = await (scheduler or self.scheduler).tick()
@@ -222,6 +226,7 @@ class SchedulerTest(StoreTestCase):
         finally:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
+            await scheduler.stop()      # its run too: else it may take a connection after the store closed
 
 
 class TaskThroughAgentTest(GateTestCase):

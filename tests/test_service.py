@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ias import cli
 from ias.service import TEMPLATE, ServiceError, install, render, service
-from tests.support import REPO
+from tests.support import REPO, keep_root_logging
 
 ANALYZE_TIMEOUT = 120
 
@@ -39,6 +39,7 @@ class UnitTest(unittest.TestCase):
 
     def test_the_printed_unit_verifies_and_names_this_checkout(self):
         out = io.StringIO()
+        keep_root_logging(self)
         with redirect_stdout(out):
             code = cli.main(["service", "install", "--print", "--user", "ias", "--data-dir", "/var/lib/ias"])
         self.assertEqual(code, 0)

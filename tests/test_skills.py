@@ -423,6 +423,7 @@ class HostileDirectoryTest(unittest.TestCase):
             self.assertTrue(any(p.startswith(f"{self.skills}/{name}/SKILL.md{message}") for p in reg.problems),
                             (name, reg.problems))
 
+    @slow
     def test_skills_and_skills_check(self):
         result = ias("skills", "check", env={"IAS_SKILLS_DIR": str(self.skills)})
         self.assertEqual(result.returncode, 1, result.stderr)
@@ -434,6 +435,7 @@ class HostileDirectoryTest(unittest.TestCase):
         self.assertIn("echo_good", [row["name"] for row in json.loads(listing.stdout)])
 
 
+@slow
 class HostileDirectoryDaemonTest(unittest.TestCase):
     """`run`, `--once` and the daemon with the hostile directory: real processes, real PostgreSQL."""
 

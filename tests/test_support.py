@@ -49,3 +49,23 @@ class ScriptedLLMTest(unittest.IsolatedAsyncioTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class QuietServerTest(unittest.TestCase):
+    """A client that resets a kept-alive connection to a local fake server prints nothing into the run."""
+
+    def test_a_reset_between_requests_is_not_a_traceback(self):
+        import contextlib
+        import io
+        import socket
+        import struct
+        from tests.servers.llm import LLMServer
+        printed = io.StringIO()
+        with contextlib.redirect_stderr(printed), LLMServer() as server:
+            client = socket.create_connection(("127.0.0.1", server.port))
+            client.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n\r\n")
+            self.assertIn(b"200 OK", client.recv(65536))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))     # close: RST
+            client.close()
+            time.sleep(0.2)         # the server's thread meets the reset (nothing to wait on from here)
+        self.assertEqual(printed.getvalue(), "")

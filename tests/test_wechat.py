@@ -16,7 +16,7 @@ from ias.errors import ConfigError
 from ias.channels.wechat.ilink import CHANNEL, Credentials, WeChatError
 from ias.channels.wechat.login import credentials, login, logout, redirect_url, status
 from tests.servers.ilink import ILinkServer
-from tests.support import FIXTURES, REPO, FakeClock, StoreTestCase
+from tests.support import FIXTURES, REPO, FakeClock, StoreTestCase, slow
 
 HOUR = 3600.0
 
@@ -199,6 +199,7 @@ class LoginStateTest(WeChatTestCase):
         self.assertEqual((creds.token, creds.owner, creds.base_url),
                          ("env-token", self.server.owner, "https://ilinkai.weixin.qq.com"))
 
+    @slow
     async def test_status_and_doctor_commands_read_the_stored_login(self):
         self.server.login.append({"status": "confirmed"})
         await login(self.store, self.server.base_url, out=lambda line: None, ask=lambda prompt: "", pause=0.01)

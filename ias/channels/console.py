@@ -62,6 +62,12 @@ class ConsoleChannel(Channel):
         if self._prompt and terminal:
             self._write(f"{HINT}\n{PROMPT}")
 
+        def tell(callback, *args) -> None:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+            except RuntimeError:                 # the loop is closed (the daemon ended first): nobody to tell
+                pass
+
         def pump() -> None:
             asked = terminal        # Ctrl-D on a terminal is a request to stop; the end of a pipe is not
             try:
@@ -73,12 +79,14 @@ class ConsoleChannel(Channel):
                     if text.strip():
                         asyncio.run_coroutine_threadsafe(deliver(Inbound(self.name, self.user_id, text)), loop)
                     elif self._prompt and terminal:
-                        loop.call_soon_threadsafe(self._write, PROMPT)
+                        tell(self._write, PROMPT)
             except (OSError, ValueError):        # the terminal went away, or stdin was closed under us
                 pass
-            loop.call_soon_threadsafe(self.closed.set)
+            except RuntimeError:                 # the loop closed while lines were still coming
+                return
+            tell(self.closed.set)
             if asked:
-                loop.call_soon_threadsafe(self.ended.set)
+                tell(self.ended.set)
 
         self._thread = threading.Thread(target=pump, name="console-stdin", daemon=True)
         self._thread.start()

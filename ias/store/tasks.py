@@ -116,6 +116,9 @@ class Tasks(Pool):
             except psycopg.OperationalError as exc:     # the server went away in between
                 await conn.close()
                 raise StoreError(f"cannot LISTEN: {first_line(exc)}") from None
+            except BaseException:                       # cancelled mid-LISTEN: not kept, so closed here
+                await conn.close()
+                raise
             self._listen_conn = conn
         pgconn = self._listen_conn.pgconn
         loop = asyncio.get_running_loop()

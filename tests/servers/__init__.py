@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
@@ -49,13 +50,22 @@ class JSONHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A client that goes away between two requests of a kept-alive connection (a daemon killed, a test's client
+    closed) is expected, not a traceback printed into the run; any other error is still printed."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class JSONServer:
     """An HTTP server on a free port of 127.0.0.1, served from a daemon thread.
 
     A subclass calls `listen(handler)` in `__init__`; then `with server:` (or `start()` and
     `close()`). `port`, `host` ("127.0.0.1:port") and `base_url` ("http://host") are set by `listen`.
     """
-    server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer
+    server_class: type[ThreadingHTTPServer] = QuietHTTPServer
 
     def listen(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self.httpd = self.server_class(("127.0.0.1", 0), handler)
