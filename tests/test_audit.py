@@ -435,10 +435,10 @@ class PruneTest(ChainTestCase):
         ids = await self.pruned()
         self.attacker.run("DELETE FROM audit_log WHERE id <= %s", (ids[7],))
         value = self.attacker.run("SELECT prev_hash FROM audit_log WHERE id = %s", (ids[8],))[0]["prev_hash"]
-        for seal in (mark(os.urandom(32), ids[7], value, 8),
-                     self.attacker.run("SELECT seal FROM audit_checkpoint")[0]["seal"]):
+        for forged in (mark(os.urandom(32), ids[7], value, 8),
+                       self.attacker.run("SELECT seal FROM audit_checkpoint")[0]["seal"]):
             self.attacker.run("UPDATE audit_checkpoint SET last_id = %s, last_value = %s, pruned = 8, seal = %s",
-                              (ids[7], value, seal))
+                              (ids[7], value, forged))
             self.assert_broken(await self.check(), "does not match its keyed seal")
 
     async def test_a_checkpoint_removed_is_caught(self):
