@@ -248,5 +248,5 @@ async def cmd_wechat(config, action: str) -> int:
             for key, value in asdict(state).items():
                 print(f"{key}: {value}")
             if config.wechat_token:
-                print("note: IAS_WECHAT_TOKEN is set and wins over the stored login")
+                print("注意：已设置环境变量 IAS_WECHAT_TOKEN，它优先于本机保存的微信登录。")
     return 0

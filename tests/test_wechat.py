@@ -222,6 +222,9 @@ class LoginStateTest(WeChatTestCase):
             await self.store.set_state(CHANNEL, "stale", {"at": self.clock.timestamp(), "detail": "session timeout"})
             self.assertIn("FAIL  channel: WeChat session expired: run `ias wechat login`\n", await ias("doctor"))
             self.assertIn("stale: True\n", await ias("wechat", "status"))
+            env["IAS_WECHAT_TOKEN"] = "env-token"
+            self.assertEqual((await ias("wechat", "status")).splitlines()[-1],
+                             "注意：已设置环境变量 IAS_WECHAT_TOKEN，它优先于本机保存的微信登录。")
 
 
 class ReceiveTest(WeChatTestCase):
