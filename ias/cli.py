@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-from . import config as config_module, datadir
+from . import config as config_module, datadir, version
 from .commands import (cmd_approvals, cmd_audit, cmd_audit_prune, cmd_outbox, cmd_run, cmd_skills, cmd_tasks,
                        cmd_wechat)
 from .doctor import cmd_doctor
@@ -68,20 +68,6 @@ def _count(value: str) -> int:
     if not 0 <= number <= CLI_NUMBER_MAX:
         raise argparse.ArgumentTypeError(f"must be between 0 and {CLI_NUMBER_MAX}")
     return number
-
-
-def version() -> str:
-    """The version: pyproject.toml's (the one place it is written), else the installed package's metadata."""
-    import tomllib
-    try:
-        with open(config_module.REPO_ROOT / "pyproject.toml", "rb") as file:
-            return tomllib.load(file)["project"]["version"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        from importlib.metadata import PackageNotFoundError, version as installed
-        try:
-            return installed("ias")
-        except PackageNotFoundError:
-            return "unknown"
 
 
 class _Version(argparse.Action):
@@ -158,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="recent audit rows; --verify checks the hash chain")
     audit.add_argument("--limit", type=_count, default=20, help="how many rows (default 20)")
     audit.add_argument("--verify", action="store_true")
+    audit.add_argument("--prune-before", type=_day, metavar="DATE",
+                       help="remove the rows older than DATE (YYYY-MM-DD, Beijing time, or an ISO time), "
+                            "keeping a keyed checkpoint; only a log that verifies is pruned")
 
     backup = sub.add_parser("backup", help="dump the database to FILE (not the secret key), daemon running or not")
     backup.add_argument("file", nargs="?", type=_text, help="default: ias-backup-YYYYmmdd-HHMMSS.dump here")
@@ -171,9 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), type=_text, metavar="DIR",
                          help=f"its data directory (default {DEFAULT_DATA_DIR})")
     service.add_argument("--print", action="store_true", help="only print the unit")
-    audit.add_argument("--prune-before", type=_day, metavar="DATE",
-                       help="remove the rows older than DATE (YYYY-MM-DD, Beijing time, or an ISO time), "
-                            "keeping a keyed checkpoint; only a log that verifies is pruned")
     return parser
 
 

@@ -2,9 +2,9 @@
 import base64
 import unittest
 
-from ias import limits
-from ias.channels.wechat.ilink import (GET_QRCODE, GET_UPDATES, QRCODE_STATUS, ILink, WeChatError, client_version, error_code,
-                       ias_version)
+from ias import limits, version
+from ias.channels.wechat.ilink import (GET_QRCODE, GET_UPDATES, QRCODE_STATUS, ILink, WeChatError, client_version,
+                                       error_code)
 from tests.servers import closed_port
 from tests.servers.ilink import ILinkServer
 
@@ -45,7 +45,7 @@ class RequestTest(ClientTestCase):
         first, second = self.server.calls("/ilink/bot/getupdates")      # the server checked the rest
         self.assertEqual(first.method, "POST")
         self.assertEqual(first.body, {"get_updates_buf": "",
-                                      "base_info": {"channel_version": "2.4.3", "bot_agent": f"iAs/{ias_version()}"}})
+                                      "base_info": {"channel_version": "2.4.3", "bot_agent": f"iAs/{version()}"}})
         self.assertEqual(first.headers["host"], self.server.host)
         self.assertEqual(first.headers["connection"], "close")
         self.assertEqual(first.headers["accept-encoding"], "identity")

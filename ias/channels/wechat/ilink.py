@@ -23,7 +23,7 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ... import limits
+from ... import limits, version
 from ...errors import IasError
 
 DEFAULT_BASE_URL = "https://ilinkai.weixin.qq.com"
@@ -77,15 +77,6 @@ def client_version(version: str = PROTOCOL_VERSION) -> str:
     return str((major & 0xFF) << 16 | (minor & 0xFF) << 8 | (patch & 0xFF))
 
 
-def ias_version() -> str:
-    """This installation's version, for `bot_agent`."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("ias")
-    except PackageNotFoundError:
-        return "0"
-
-
 def error_code(reply: dict) -> int:
     """The first non-zero `ret`/`errcode` of a reply, else 0."""
     for key in ("ret", "errcode"):
@@ -101,7 +92,7 @@ class ILink:
     def __init__(self, base_url: str, token: str | None = None):
         self.base_url = base_url.rstrip("/")
         self._token = token
-        self._agent = f"iAs/{ias_version()}"
+        self._agent = f"iAs/{version()}"
         self._tls: ssl.SSLContext | None = None
 
     def _common(self) -> dict[str, str]:
