@@ -19,7 +19,6 @@ newer PostgreSQL than the pg_restore at hand; backups on a schedule (cron `ias b
 from __future__ import annotations
 
 import getpass
-import glob
 import os
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from .config import Config, absolute
 from .errors import IasError
 from .limits import BACKUP_TIMEOUT, RESTORE_PROBLEMS_SHOWN
 from .pgcluster import embedded
-from .pgcluster.binaries import SYSTEM_BINDIRS, find_bindir
+from .pgcluster.binaries import SYSTEM_BINDIRS, find_bindir, system_bindirs
 from .store import objects, without_password
 
 MAGIC = b"PGDMP"                        # the first bytes of every custom-format dump
@@ -56,17 +55,11 @@ def client(config: Config, name: str) -> Path:
     found = shutil.which(name)
     if found:
         return Path(found)
-    for directory in sorted(glob.glob(SYSTEM_BINDIRS), key=_major, reverse=True):
-        if os.access(Path(directory) / name, os.X_OK):
-            return Path(directory) / name
+    for directory in system_bindirs():
+        if os.access(directory / name, os.X_OK):
+            return directory / name
     raise BackupError(f"{name} not found on PATH or under {SYSTEM_BINDIRS}: install the PostgreSQL client "
                       "(Debian: apt-get install postgresql-client) of the server's version or newer")
-
-
-def _major(bindir: str) -> int:
-    """/usr/lib/postgresql/15/bin → 15 (so 15 sorts after 9)."""
-    name = Path(bindir).parent.name
-    return int(name) if name.isdigit() else 0
 
 
 def default_file(now: datetime, directory: Path) -> Path:

@@ -36,7 +36,13 @@ def _has_server(directory: Path) -> bool:
     return all(os.path.isfile(directory / name) and os.access(directory / name, os.X_OK) for name in SERVER_PROGRAMS)
 
 
+def system_bindirs(system: str = SYSTEM_BINDIRS) -> list[Path]:
+    """The system's PostgreSQL bin directories (`system`: /usr/lib/postgresql/*/bin), the newest version first."""
+    return [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
+
+
 def _version(directory: str) -> int:
+    """/usr/lib/postgresql/15/bin → 15 (so 15 sorts after 9)."""
     name = Path(directory).parent.name
     return int(name) if name.isdigit() else 0
 
@@ -48,7 +54,7 @@ def find_bindir(path: str | None = None, system: str = SYSTEM_BINDIRS,
     for entry in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
         if entry and os.path.isfile(os.path.join(entry, "pg_ctl")):     # never raises (see _has_server)
             candidates.append((Path(entry) / "pg_ctl").resolve().parent)   # e.g. a /usr/local/bin symlink
-    candidates += [Path(d) for d in sorted(glob.glob(system), key=_version, reverse=True)]
+    candidates += system_bindirs(system)
     bundled = wheel()
     if bundled is not None:
         candidates.append(bundled)
