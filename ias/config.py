@@ -55,6 +55,8 @@ _SETTINGS = {
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
             "notify_webhook_token": "IAS_NOTIFY_WEBHOOK_TOKEN"}
 
+ENV_FILE = "ias.env"            # the data directory's env file (Config.env_file; the service's unit names it too)
+
 
 def _in_data_dir(name: str, doc: str) -> property:
     """A Config property: the path `name` in the data directory (already absolute: data_dir is)."""
@@ -115,7 +117,7 @@ class Config:
         """The secret key (approval codes, the audit chain): IAS_SECRET_KEY_FILE, else in the data directory."""
         return self.secret_key_file or self.data_dir / "secret.key"
 
-    env_file = _in_data_dir("ias.env", "KEY=VALUE settings and secrets read by every command (`ias setup` writes it).")
+    env_file = _in_data_dir(ENV_FILE, "KEY=VALUE settings and secrets read by every command (`ias setup` writes it).")
     audit_head = _in_data_dir("audit.head", "The audit chain's newest row (id and keyed value), outside the database.")
     cluster_dir = _in_data_dir("pg", "The embedded PostgreSQL cluster (no IAS_DATABASE_URL); pgcluster.Cluster names "
                                      "its sibling files (pg.password, pg.users, pg.lock).")

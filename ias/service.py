@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .config import REPO_ROOT, absolute
+from .config import ENV_FILE, REPO_ROOT, absolute
 from .errors import IasError
 from .limits import SERVICE_STEP_TIMEOUT
 from .pgcluster import ClusterError
@@ -59,7 +59,7 @@ class Service:
 
     @property
     def env_file(self) -> Path:
-        return self.data_dir / "ias.env"
+        return self.data_dir / ENV_FILE
 
 
 def service(user: str = DEFAULT_USER, data_dir: str | os.PathLike = DEFAULT_DATA_DIR,
