@@ -1,4 +1,4 @@
-"""The agent: one conversation turn — slash commands, or the model with the skills as tools.
+"""The agent: one conversation turn — a slash command (slash.py), or the model with the skills as tools.
 
 The tools of each model call come from the catalog (catalog.py): every skill while they fit
 IAS_MAX_TOOLS/IAS_TOOLS_BYTES, else a choice for the conversation; a skill that `find_skills`
@@ -21,7 +21,6 @@ Not handled: streaming replies, images, summarising history that falls out of th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from datetime import datetime
 from typing import Callable
@@ -33,18 +32,13 @@ from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
 from .catalog import Catalog
 from .registry import Registry
+from .slash import Slash
 from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)
 
 WEEKDAYS = "一二三四五六日"
 
-HELP = """iAs 命令：
-/help — 显示本帮助
-/skills — 列出可用技能
-/run 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）
-/reset — 清空对话记录
-其他消息会交给大模型处理。"""
 NO_LLM = "还没有配置大模型：请运行 python ias.py setup（或设置 OPENAI_API_KEY，可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
 KEY_REFUSED = "大模型服务拒绝了密钥：请检查 OPENAI_API_KEY"      # a 401/403: waiting will not help
@@ -88,34 +82,17 @@ class Agent:
         self.window = window
         self.turn_timeout = turn_timeout
         self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
+        self.slash = Slash(registry, gate, store)       # the owner's /commands
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/"):
-            return await self.command(user_id, text, notify)
+            return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
         return await self.chat(user_id, text, notify)
-
-    async def command(self, user_id: str, text: str, notify: Notify | None) -> str:
-        name, _, rest = text.partition(" ")
-        if name == "/help":
-            return HELP
-        if name == "/skills":
-            return "\n".join(f"{s.name}（{'高风险' if s.high else '低风险'}）："
-                             f"{(s.description.splitlines() or [''])[0]}" for s in self.registry) or "没有可用的技能。"
-        if name == "/reset":
-            await self.store.clear_messages(user_id)
-            return "对话记录已清空。"
-        if name == "/run":
-            skill, _, arguments = rest.strip().partition(" ")
-            if not skill:
-                return "用法：/run 技能名 {\"参数\": \"值\"}"
-            result = await self.gate.call(user_id, skill, arguments.strip() or "{}", notify)
-            return json.dumps(result, ensure_ascii=False, indent=1)
-        return f"未知命令：{name}\n\n{HELP}"
 
     async def chat(self, user_id: str, text: str, notify: Notify | None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are

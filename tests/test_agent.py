@@ -10,7 +10,8 @@ import time
 import unittest
 from datetime import datetime, timezone
 
-from ias.agent import APOLOGY, HELP, KEY_REFUSED, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TIMEOUT_REPLY, system_prompt
+from ias.slash import HELP
+from ias.agent import APOLOGY, KEY_REFUSED, NO_ANSWER, NO_LLM, TOO_MANY_ROUNDS, TURN_TIMEOUT_REPLY, system_prompt
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.limits import ARGUMENTS_MAX, AUDIT_VALUE_MAX, TOOL_CALLS_MAX

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from unittest import mock
 
 from ias import approval
-from ias.agent import HELP
+from ias.slash import HELP
 from ias.channels.base import Inbound
 from ias.channels.console import ConsoleChannel
 from ias.llm import LLM

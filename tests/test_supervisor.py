@@ -4,7 +4,7 @@ import json
 import logging
 import unittest
 
-from ias.agent import HELP
+from ias.slash import HELP
 from ias.channels.base import Inbound
 from ias.router import NOTHING_PENDING, Router
 from ias.supervisor import BACKGROUND, RECORDS, TASKS, TURNS, Supervisor

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from ias.agent import HELP
+from ias.slash import HELP
 from ias.channels.wechat.channel import WeChatChannel
 from ias.channels.wechat.ilink import Credentials
 from ias.llm import LLM
