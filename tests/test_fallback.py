@@ -13,7 +13,7 @@ from ias.app import llm_chain
 from ias.config import load
 from ias.errors import ConfigError
 from ias.limits import FALLBACK_MODELS_MAX
-from tests.servers.llm import LLMServer, error, text
+from tests.servers.llm import LLMServer, error, stall, text
 from tests.support import GateTestCase, capture_logs, slow
 from tests.test_daemon import DaemonTestCase
 
@@ -143,6 +143,26 @@ class ChainTest(GateTestCase):
         self.assertEqual(len(self.primary.requests), 3)
         self.assertRegex(self.switches()[1], r"^LLM model primary-model failed \(LLM endpoint failed 3 times: "
                                              r"APIConnectionError\); trying fallback backup-model$")
+
+    async def test_a_primary_past_its_deadline_falls_back(self):
+        """Each attempt ends at IAS_LLM_TIMEOUT (here 1 s), whatever the endpoint does: then the fallback."""
+        self.primary.script(stall(), stall(), stall())
+        self.backup.script(text("及时的回答"))
+        self.assertEqual(await self.turn(IAS_LLM_TIMEOUT="1"), "及时的回答")
+        self.assertIn("(LLM endpoint failed 3 times: no complete reply within the deadline)", self.switches()[0])
+
+    async def test_the_chain_offers_what_an_llm_does(self):
+        """The primary's name and model list (doctor asks each member itself); warm and close reach them."""
+        models = llm_chain(load(environ={"IAS_DATA_DIR": str(self.tmp), "OPENAI_API_KEY": "sk-test",
+                                         "OPENAI_BASE_URL": self.primary.base_url, "IAS_MODEL": "primary-model",
+                                         "IAS_FALLBACK_MODELS": f"a, {self.backup.base_url}|b"}))
+        self.assertEqual((models.model, [m.model for m in models.fallbacks]), ("primary-model", ["a", "b"]))
+        self.assertEqual([m.base_url for m in models.members], [self.primary.base_url] * 2 + [self.backup.base_url])
+        models.warm()
+        self.assertEqual(await models.models(), ["test-model"])
+        await models.fallbacks[1].models()
+        await models.close()
+        self.assertTrue(all(m._client is None or m._client.is_closed() for m in models.members))
 
     async def test_the_fallback_s_own_key_is_the_one_it_is_sent(self):
         """Entry 1's key from IAS_FALLBACK_KEY_1 (the primary's would be refused by this endpoint)."""
