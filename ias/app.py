@@ -37,7 +37,7 @@ from .store import Store
 from .supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from .llm import LLM            # imported for real only when there is an API key (see open_llm)
+    from .llm import LLM, Models    # imported for real only when there is an API key (see open_llm)
 
 
 @asynccontextmanager
@@ -157,14 +157,24 @@ async def wechat(config: Config, store: Store, supervisor: Supervisor, on_stale=
 
 
 @asynccontextmanager
-async def open_llm(config: Config) -> AsyncIterator[LLM | None]:
-    """The LLM client, closed on the way out; None without an API key (openai imported only when there is one)."""
+async def open_llm(config: Config) -> AsyncIterator[Models | None]:
+    """The model chain (`llm_chain`), closed on the way out; None without an API key (openai imported only
+    when there is one)."""
     if not config.openai_api_key:
         yield None
         return
-    from .llm import LLM
-    llm = LLM(config.openai_api_key, config.openai_base_url, config.model, timeout=config.llm_timeout)
+    llm = llm_chain(config)
     try:
         yield llm
     finally:
         await llm.close()
+
+
+def llm_chain(config: Config, retry_delays: tuple[float, ...] | None = None) -> Models:
+    """The primary model, then IAS_FALLBACK_MODELS' in order, each with its own key, retries and
+    IAS_LLM_TIMEOUT; `retry_delays` None: the default ones (tests pass short ones)."""
+    from .llm import LLM, Models
+    delays = {} if retry_delays is None else {"retry_delays": retry_delays}
+    return Models(LLM(config.openai_api_key, config.openai_base_url, config.model, timeout=config.llm_timeout, **delays),
+                  tuple(LLM(e.key, e.base_url, e.model, timeout=config.llm_timeout, **delays)
+                        for e in config.fallback_models))

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import tomllib
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 
 from . import envfile
 from .errors import ConfigError
-from .limits import (APPROVAL_TIMEOUT, CLUSTER_LINGER, CLUSTER_LINGER_MAX, FALLBACK_AFTER, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
+from .limits import (APPROVAL_TIMEOUT, CLUSTER_LINGER, CLUSTER_LINGER_MAX, FALLBACK_AFTER, FALLBACK_MODELS_MAX, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
                      MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
                      TOOLS_BYTES_MIN, TURN_TIMEOUT, WECHAT_REPLY_WINDOW, WECHAT_SEND_BUDGET)
 
@@ -32,6 +33,7 @@ _SETTINGS = {
     "secret_key_file": ("IAS_SECRET_KEY_FILE", str),
     "openai_base_url": ("OPENAI_BASE_URL", str),
     "model": ("IAS_MODEL", str),
+    "fallback_models": ("IAS_FALLBACK_MODELS", str),      # parsed into Endpoints by fallback_models()
     "owner": ("IAS_OWNER", str),
     "approval_timeout": ("IAS_APPROVAL_TIMEOUT", float),
     "llm_timeout": ("IAS_LLM_TIMEOUT", (float, 1, TIMEOUT_SETTING_MAX)),
@@ -55,12 +57,23 @@ _SETTINGS = {
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
             "notify_webhook_token": "IAS_NOTIFY_WEBHOOK_TOKEN"}
 
+FALLBACK_KEY = "IAS_FALLBACK_KEY_"      # + N: the key of IAS_FALLBACK_MODELS' entry N (a secret, like OPENAI_API_KEY)
 ENV_FILE = "ias.env"            # the data directory's env file (Config.env_file; the service's unit names it too)
 
 
 def _in_data_dir(name: str, doc: str) -> property:
     """A Config property: the path `name` in the data directory (already absolute: data_dir is)."""
     return property(lambda config: config.data_dir / name, doc=doc)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One fallback model (IAS_FALLBACK_MODELS): its base URL (None: the SDK's default), model and key; the
+    key stays out of every repr, and `key_from` names the variable it came from, for messages."""
+    base_url: str | None
+    model: str
+    key: str | None = field(repr=False)
+    key_from: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +86,7 @@ class Config:
     openai_api_key: str | None = None
     openai_base_url: str | None = None
     model: str = MODEL_DEFAULT
+    fallback_models: tuple[Endpoint, ...] = ()     # tried in order when the primary model is unavailable
     owner: str | None = None
     approval_timeout: float = APPROVAL_TIMEOUT
     llm_timeout: float = LLM_TIMEOUT        # seconds one model request may take in all (not per read)
@@ -224,6 +238,8 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     for key in ("data_dir", "secret_key_file", "skills_dir"):
         if key in values:
             values[key] = absolute(values[key])
+    values["fallback_models"] = fallback_models(values.get("fallback_models"), env, values.get("openai_base_url"),
+                                                values.get("openai_api_key"))
     smtp, imap = (mail_server(prefix, env) for prefix in ("IAS_SMTP", "IAS_IMAP"))
     config = Config(**values, allow_risk_downgrade=frozenset(downgrade), smtp=smtp, imap=imap, environ=env,
                     **sandbox)
@@ -281,3 +297,51 @@ def skill_lib(name: str) -> ModuleType:
             del sys.modules["ias_skill"]
             raise
     return importlib.import_module(f"ias_skill.{name}")
+
+
+def fallback_models(text: str | None, environ: Mapping[str, str], base_url: str | None,
+                    api_key: str | None) -> tuple[Endpoint, ...]:
+    """IAS_FALLBACK_MODELS (comma-separated `model` or `base_url|model`) as Endpoints; entry N takes its key
+    from IAS_FALLBACK_KEY_<N>, else OPENAI_API_KEY (`api_key`), and without a base URL the primary's
+    (`base_url`). A malformed entry, too many, or a key variable naming no entry is a ConfigError."""
+    entries = [] if text is None else [entry.strip() for entry in text.split(",")]
+    if len(entries) > FALLBACK_MODELS_MAX:
+        raise ConfigError(f"IAS_FALLBACK_MODELS has {len(entries)} entries; at most {FALLBACK_MODELS_MAX} are allowed")
+    endpoints = []
+    for n, entry in enumerate(entries, 1):
+        where = f"IAS_FALLBACK_MODELS entry {n} ({entry!r})"
+        if not entry:
+            raise ConfigError(f"IAS_FALLBACK_MODELS entry {n} is empty (two commas in a row, or one at the end?)")
+        parts = [part.strip() for part in entry.split("|")]
+        if len(parts) > 2:
+            raise ConfigError(f"{where}: write `model` or `base_url|model`, with one |")
+        url, model = parts if len(parts) == 2 else (base_url, parts[0])
+        if len(parts) == 2 and not _http_url(url):
+            raise ConfigError(f"{where}: the base URL must be an http:// or https:// URL with a host "
+                              "(and no user:password@)")
+        if not model or "://" in model:
+            raise ConfigError(f"{where}: no model name (write `model` or `base_url|model`)")
+        if any(c.isspace() or not c.isprintable() for c in model):
+            raise ConfigError(f"{where}: a model name has no spaces or control characters")
+        name = f"{FALLBACK_KEY}{n}"
+        own = environ.get(name, "").strip()
+        endpoints.append(Endpoint(url, model, _utf8(name, own) if own else api_key,
+                                  name if own else "OPENAI_API_KEY"))
+    stray = sorted(name for name, value in environ.items() if name.startswith(FALLBACK_KEY.rstrip("_"))
+                   and value.strip() and name not in {f"{FALLBACK_KEY}{n}" for n in range(1, len(entries) + 1)})
+    if stray:
+        raise ConfigError(f"{stray[0]} is set but IAS_FALLBACK_MODELS has {len(entries)} entries: "
+                          f"{FALLBACK_KEY}<N> is the key of entry N, counted from 1")
+    return tuple(endpoints)
+
+
+def _http_url(url: str) -> bool:
+    """Whether `url` is an http(s) URL with a host (and a valid port, if any), without blanks, controls or
+    credentials (a key belongs in IAS_FALLBACK_KEY_<N>, which no log or doctor line shows)."""
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError:
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname) and parts.username is None
+            and not any(c.isspace() or not c.isprintable() for c in url))

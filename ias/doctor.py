@@ -1,5 +1,5 @@
 """`ias doctor`: one line per check of configuration, secret key, sandbox, skills, MCP servers, disk,
-database, channel, outbox and LLM endpoint; exit 1 when any check fails.
+database, channel, outbox and LLM endpoints (the primary and each fallback model); exit 1 when any check fails.
 
 A check reports what it finds, it repairs nothing; warnings (`warn`) do not fail. Not handled
 here: checks of a running daemon (doctor reads the same configuration and database, it does
@@ -79,28 +79,31 @@ async def cmd_doctor(config) -> int:
         if llm is None:
             line(False, "llm", "OPENAI_API_KEY is not set (run `ias setup`)")
         else:
-            line(*await llm_line(config, llm))
+            line(*await llm_line(llm.primary, "llm", "OPENAI_API_KEY", "set IAS_MODEL to one of them (or run `ias setup`)"))
+            for n, (endpoint, fallback) in enumerate(zip(config.fallback_models, llm.fallbacks), 1):
+                line(*await llm_line(fallback, f"llm fallback {n}", endpoint.key_from,
+                                     f"fix entry {n} of IAS_FALLBACK_MODELS"))
     return 1 if failed else 0
 
 
-async def llm_line(config, llm) -> tuple[bool | None, str, str]:
-    """doctor's look at the endpoint: its model list; a warning for a model it does not list (none for an
-    endpoint without a list), a failure for a refused key or an endpoint that cannot be reached."""
+async def llm_line(llm, what: str, key_from: str, fix: str) -> tuple[bool | None, str, str]:
+    """doctor's look at one model's endpoint (`what`: the check's name): its model list; a warning for a model
+    it does not list (`fix` says what to change; none for an endpoint without a list), a failure for a
+    refused key (`key_from`: the variable it came from) or an endpoint that cannot be reached."""
     from .agent import KEY_REFUSED
     from .llm import KeyRefused
-    url = config.openai_base_url or "https://api.openai.com/v1"
+    url = llm.base_url or "https://api.openai.com/v1"
     try:
         names = await llm.models()
     except KeyRefused:
-        return False, "llm", f"{url}: {KEY_REFUSED}"
+        return False, what, f"{url}: {KEY_REFUSED.replace('OPENAI_API_KEY', key_from)}"
     except Exception as exc:              # any endpoint failure is a finding, not a crash
-        return False, "llm", f"{config.openai_base_url or 'default endpoint'} unreachable ({type(exc).__name__})"
+        return False, what, f"{llm.base_url or 'default endpoint'} unreachable ({type(exc).__name__})"
     if names is None:
-        return True, "llm", f"{url}: no model list offered, model {config.model} not checked"
-    if config.model not in names:
-        return None, "llm", (f"{url}: model {config.model} is not among the {len(names)} models it lists; "
-                             "set IAS_MODEL to one of them (or run `ias setup`)")
-    return True, "llm", f"{url}: {len(names)} models, {config.model} found"
+        return True, what, f"{url}: no model list offered, model {llm.model} not checked"
+    if llm.model not in names:
+        return None, what, f"{url}: model {llm.model} is not among the {len(names)} models it lists; {fix}"
+    return True, what, f"{url}: {len(names)} models, {llm.model} found"
 
 
 def disk_line(data_dir, statvfs=os.statvfs) -> tuple[bool | None, str, str]:

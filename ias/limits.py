@@ -43,6 +43,7 @@ TURN_TIMEOUT = 300.0                # seconds per turn, not counting the wait fo
 TIMEOUT_SETTING_MAX = 3600.0        # seconds; a longer IAS_LLM_TIMEOUT or IAS_TURN_TIMEOUT is a configuration error
 TOOL_GIST_MAX = 500                 # characters of the last tool result the owner gets when the model says nothing
 LLM_RETRY_DELAYS = (1.0, 4.0)       # seconds before each retry of a failed request
+FALLBACK_MODELS_MAX = 4             # entries of IAS_FALLBACK_MODELS (each tried with its own retries)
 TOOL_RESULT_MAX = 16 * 1024         # characters of one tool result kept in the history
 TOOL_CALLS_MAX = 16                 # tool calls of one model response that are run; the rest are refused unrun
 ARGUMENTS_MAX = 64 * 1024           # bytes of one call's arguments as JSON text; longer is refused before validation

@@ -9,6 +9,11 @@ endpoint that drips a byte at a time would never end without it. A reply that is
 completion (broken JSON, an HTML error page with status 200, no choices) is retried like a 5xx.
 The agent's turn deadline bounds the attempts and their delays together.
 
+`Models` chains the primary with the fallback models (IAS_FALLBACK_MODELS, SPEC §12): the next one is
+asked only when one is `Unavailable` (its retries of transient failures exhausted), never after a
+refused key, refused tools or another 4xx, which the next endpoint would not cure and which the owner
+must hear about. It does not remember an outage: every request starts at the primary again.
+
 Small local models served without a tool-call parser write their calls as text; a reply that is
 nothing but such a call of an offered tool becomes that call (`text_calls`, SPEC §15).
 
@@ -46,6 +51,11 @@ class KeyRefused(LLMError):
 
 class ToolsRefused(LLMError):
     """The endpoint refused the request because of its tools (too many, or too large): a 400 naming them."""
+
+
+class Unavailable(LLMError):
+    """Every attempt failed transiently (connection, timeout, 429, 5xx, not a completion): another model
+    may answer (`Models`)."""
 
 
 class NotACompletion(LLMError):
@@ -110,6 +120,7 @@ class LLM:
         self._first = asyncio.Lock()        # one import and one client, however many turns start at once
         self._warming: asyncio.Future | None = None
         self.model = model
+        self.base_url = base_url        # None: the SDK's default
         self.retry_delays = retry_delays
         self.timeout = timeout          # seconds per attempt in all; the SDK's own timeout is per read
 
@@ -152,8 +163,9 @@ class LLM:
                         model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
                 return _reply(response, tools)
             except _transient(openai) as exc:
-                if attempt == len(self.retry_delays):
-                    raise LLMError(f"LLM endpoint failed {attempt + 1} times: {_failure(exc)}") from exc
+                if attempt == len(self.retry_delays):     # a 409 is a 4xx: SPEC §12 asks no fallback for it
+                    kind = LLMError if isinstance(exc, openai.ConflictError) else Unavailable
+                    raise kind(f"LLM endpoint failed {attempt + 1} times: {_failure(exc)}") from exc
                 log.warning("LLM request failed (%s), retrying in %.1fs", _failure(exc), self.retry_delays[attempt])
                 await asyncio.sleep(self.retry_delays[attempt])
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
@@ -187,6 +199,45 @@ class LLM:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+class Models:
+    """The primary LLM, then each fallback in order, behind LLM's interface: a model `Unavailable` after its
+    retries hands the request to the next (one warning in the log, nothing in the reply); any other
+    failure, and the last model's, is the caller's."""
+
+    def __init__(self, primary: LLM, fallbacks: tuple[LLM, ...] = ()):
+        self.primary = primary
+        self.fallbacks = fallbacks
+
+    @property
+    def members(self) -> tuple[LLM, ...]:
+        return (self.primary, *self.fallbacks)
+
+    @property
+    def model(self) -> str:
+        return self.primary.model
+
+    def warm(self) -> None:
+        """Warm the primary only: a fallback is made on its first request (`openai` is imported by then)."""
+        self.primary.warm()
+
+    async def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        *first, last = self.members
+        for llm, after in zip(first, self.fallbacks):
+            try:
+                return await llm.complete(messages, tools)
+            except Unavailable as exc:
+                log.warning("LLM model %s failed (%s); trying fallback %s", llm.model, exc, after.model)
+        return await last.complete(messages, tools)
+
+    async def models(self) -> list[str] | None:
+        """The primary's model list (`doctor` asks each member itself)."""
+        return await self.primary.models()
+
+    async def close(self) -> None:
+        """Close every member (all of them, even when one fails)."""
+        await asyncio.gather(*(llm.close() for llm in self.members))
 
 
 def release_memory() -> None:
