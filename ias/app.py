@@ -102,7 +102,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
                 supervisor=supervisor)
     budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
-    status = Status(config, store, budget, approvals, runner.sandbox, primary or (channels[0] if channels else None),
+    status = Status(config, store, budget, approvals, runner.sandbox, primary,
                     has_model=llm is not None, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor, budget=budget, status=status)
