@@ -141,6 +141,16 @@ class BudgetTest(BudgetTestCase):
         self.assertEqual(await self.agent.turn("owner", "hi", None), SPENT.format(budget=100))
         self.assertEqual(self.model.requests, [])
 
+    async def test_a_scheduled_prompt_task_past_the_budget_gets_the_message_without_the_model(self):
+        channel = FakeChannel("wechat")
+        self.use(self.build(llm=self.llm, now=self.clock.now, channels=[channel], primary=channel))
+        await self.store.record_usage(date(2026, 12, 3), "owner", "test-model", 100, 0, False)
+        task = await self.store.add_task("owner", "晚报", "30 23 * * *", "prompt", "总结今天的新闻", self.clock.now(),
+                                         self.clock.now())
+        self.assertEqual(await self.router.run_task(task), SPENT.format(budget=100))
+        await channel.wait_for("今日大模型额度已用完")
+        self.assertEqual(self.model.requests, [])
+
     async def test_a_count_the_store_refuses_is_logged_and_still_counted(self):
         logs = capture_logs(self)
 
