@@ -1,7 +1,7 @@
 """`/status` (SPEC §12): the facts an owner asks for from the phone, gathered from the objects that hold
 them, and their Chinese lines.
 
-The model configured, the day's tokens (and IAS_DAILY_TOKENS), the sandbox level (as doctor reports
+The model configured (and its fallbacks), the day's tokens (and IAS_DAILY_TOKENS), the sandbox level (as doctor reports
 it), the primary channel's send window (`console` for a channel without one), the user's queued
 outbox parts and the approval they are being asked for now. Times are Beijing time with the zone.
 Without the database the answer is one line. Not handled: the status of other users or processes
@@ -31,6 +31,7 @@ class Facts:
     """What /status shows for one user, at `now`."""
     now: datetime
     model: str | None                   # None: no model configured (no API key)
+    fallbacks: tuple[str, ...]          # IAS_FALLBACK_MODELS' models, in order
     tokens: dict[str, int]              # today's tokens by model
     estimated: bool                     # some of them are estimates (the endpoint gave no usage)
     daily: int | None                   # IAS_DAILY_TOKENS
@@ -61,7 +62,8 @@ class Status:
         queued = len(await self.store.queued(user_id))
         window = None if self.channel is None else await self.channel.window(user_id)
         level = self.sandbox.level() if self.sandbox.probed else await asyncio.to_thread(self.sandbox.level)
-        return Facts(self.now(), self.config.model if self.has_model else None, {row.model: max(0, row.total) for row in rows},
+        return Facts(self.now(), self.config.model if self.has_model else None,
+                     tuple(endpoint.model for endpoint in self.config.fallback_models), {row.model: max(0, row.total) for row in rows},
                      any(row.estimated_requests for row in rows), self.budget.daily, level,
                      "console" if self.channel is None else self.channel.name, window, queued,
                      self.approvals.asking(user_id))
@@ -77,6 +79,8 @@ class Status:
 def lines(facts: Facts) -> str:
     """The owner's /status text."""
     model = facts.model if facts.model is not None else "未配置（运行 python ias.py setup 或设置 OPENAI_API_KEY）"
+    if facts.model is not None and facts.fallbacks:
+        model += f"（备用：{'、'.join(facts.fallbacks)}）"
     total = sum(facts.tokens.values())
     used = f"{total:,}" + (f" / {facts.daily:,}" if facts.daily is not None else "") + " tokens"
     detail = [f"{name} {count:,}" for name, count in facts.tokens.items()] if len(facts.tokens) > 1 else []

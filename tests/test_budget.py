@@ -10,13 +10,13 @@ from types import SimpleNamespace
 from ias.app import build
 from ias.budget import SPENT, beijing_day
 from ias.channels.base import Window
-from ias.config import Config, load
+from ias.config import Config, Endpoint, load
 from ias.errors import ConfigError, StoreError
 from ias.limits import ESTIMATE_BYTES_PER_TOKEN, USAGE_TOKENS_MAX
-from ias.llm import LLM, Usage, _reply
+from ias.llm import LLM, Models, Usage, _reply
 from ias.slash import HELP
 from ias.status import UNAVAILABLE
-from tests.servers.llm import LLMServer, calls, counted, raw, text
+from tests.servers.llm import LLMServer, calls, counted, error, raw, text
 from tests.support import FakeChannel, FakeClock, FlakyStore, GateTestCase, ScriptedLLM, answer, ask, capture_logs
 
 EVENING = datetime(2026, 12, 3, 15, 30, tzinfo=timezone.utc)     # 23:30 in Beijing; Beijing's day turns at 16:00 UTC
@@ -83,6 +83,7 @@ class DailyTokensSettingTest(unittest.TestCase):
 class BudgetTestCase(GateTestCase):
     """The app over this test's store with IAS_DAILY_TOKENS = `daily`, its clock `self.clock` (Beijing 23:30)."""
     daily: int | None = None
+    fallback_models: tuple[Endpoint, ...] = ()
 
     def model_for_test(self):
         self.model = ScriptedLLM()
@@ -101,7 +102,8 @@ class BudgetTestCase(GateTestCase):
 
     def build(self, *, llm=None, store=None, **options):
         config = Config(data_dir=self.tmp, system_skills_dir=self.system_skills, skills_dir=self.user_skills,
-                        approval_timeout=self.approval_timeout, environ=self.runner_environ(), daily_tokens=self.daily)
+                        approval_timeout=self.approval_timeout, environ=self.runner_environ(), daily_tokens=self.daily,
+                        fallback_models=self.fallback_models)
         return build(config, store or self.store, key=self.key, llm=llm, **options)
 
     async def today(self, day: date | None = None) -> list[tuple]:
@@ -195,6 +197,12 @@ class StatusTest(BudgetTestCase):
         await asking
         self.assertIn("待确认：无", await self.status())
 
+    async def test_the_fallback_models_are_named_after_the_model(self):
+        self.fallback_models = (Endpoint(None, "deepseek-chat", "sk-x", "OPENAI_API_KEY"),
+                                Endpoint("http://127.0.0.1:1/v1", "qwen-plus", "sk-y", "IAS_FALLBACK_KEY_2"))
+        self.use(self.build(llm=self.llm, now=self.clock.now))
+        self.assertIn("\n模型：gpt-4o-mini（备用：deepseek-chat、qwen-plus）\n", await self.status())
+
     async def test_the_window_closed_or_never_opened(self):
         self.with_channel(WindowChannel(self.clock, opened_ago=13 * 3600, length=12 * 3600, left=0))
         self.assertIn("微信窗口：已关闭（2026-12-03 22:30 CST），在微信上发一条消息即重新打开", await self.status())
@@ -276,6 +284,18 @@ class WireBudgetTest(BudgetTestCase):
         [(_, prompt, done, requests, estimated)] = await self.today()
         self.assertEqual((done, requests, estimated), (14, 7, 7))      # "好。": 6 bytes, 2 tokens each time
         self.assertLess(prompt, 10 ** 6)            # estimates of a few kB each, nothing the endpoint claimed
+
+    async def test_a_fallbacks_tokens_are_recorded_under_its_model(self):
+        backup = LLMServer().start()
+        self.addCleanup(backup.close)
+        self.addCleanup(backup.check)
+        chain = Models(self.llm, (LLM("sk-test", backup.base_url, "backup-model", retry_delays=(0.01,)),))
+        self.addAsyncCleanup(chain.close)
+        self.use(self.build(llm=chain, now=self.clock.now))
+        self.server.script(error(500), error(500), error(500))
+        backup.script(counted(text("备用模型在。"), {"prompt_tokens": 30, "completion_tokens": 4}))
+        self.assertEqual(await self.agent.turn("owner", "在吗", None), "备用模型在。")
+        self.assertEqual(await self.today(), [("backup-model", 30, 4, 1, 0)])
 
     async def test_past_the_budget_no_request_reaches_the_endpoint(self):
         self.daily = 1000
