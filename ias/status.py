@@ -62,11 +62,12 @@ class Status:
         queued = len(await self.store.queued(user_id))
         window = None if self.channel is None else await self.channel.window(user_id)
         level = self.sandbox.level() if self.sandbox.probed else await asyncio.to_thread(self.sandbox.level)
-        return Facts(self.now(), self.config.model if self.has_model else None,
-                     tuple(endpoint.model for endpoint in self.config.fallback_models), {row.model: max(0, row.total) for row in rows},
-                     any(row.estimated_requests for row in rows), self.budget.daily, level,
-                     "console" if self.channel is None else self.channel.name, window, queued,
-                     self.approvals.asking(user_id))
+        return Facts(now=self.now(), model=self.config.model if self.has_model else None,
+                     fallbacks=tuple(endpoint.model for endpoint in self.config.fallback_models),
+                     tokens={row.model: max(0, row.total) for row in rows},
+                     estimated=any(row.estimated_requests for row in rows), daily=self.budget.daily, sandbox=level,
+                     channel="console" if self.channel is None else self.channel.name, window=window, queued=queued,
+                     asking=self.approvals.asking(user_id))
 
     async def report(self, user_id: str) -> str:
         """The /status answer: the lines of `facts`, or one line when the database is unreachable."""
