@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -204,3 +204,19 @@ CREATE TABLE IF NOT EXISTS inbound (
 );
 CREATE INDEX IF NOT EXISTS inbound_pending ON inbound (id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS inbound_done ON inbound (done_at) WHERE state = 'done';
+
+-- Model tokens per user, Beijing day and model: one row each, summed by UPSERT after every model
+-- response (estimated_requests: responses without a believable `usage`, counted by estimate).
+-- Pruned with the history by updated_at, the last response counted.
+CREATE TABLE IF NOT EXISTS token_usage (
+    id                 bigserial PRIMARY KEY,
+    day                date NOT NULL,
+    user_id            text NOT NULL,
+    model              text NOT NULL,
+    prompt_tokens      bigint NOT NULL CHECK (prompt_tokens >= 0),
+    completion_tokens  bigint NOT NULL CHECK (completion_tokens >= 0),
+    requests           integer NOT NULL CHECK (requests >= 0),
+    estimated_requests integer NOT NULL CHECK (estimated_requests >= 0),
+    updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (day, user_id, model)
+);

@@ -16,6 +16,8 @@ A turn has a total deadline (IAS_TURN_TIMEOUT) that stops while the owner is ask
 (`TurnClock`); past it the owner gets TURN_TIMEOUT and the turn ends, so the user's next message
 (a /command too) waits at most that long. An empty final answer never reaches the owner as
 silence: they get the gist of the last tool result, or NO_ANSWER.
+Every model response's tokens are recorded (budget.py); before each model request, a user past
+IAS_DAILY_TOKENS for the day gets the budget's message instead and the turn ends.
 Not handled: streaming replies, images, summarising history that falls out of the window.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Callable
 
 from . import results
 from .approval import Notify, TurnBudget
+from .budget import Budget
 from .clock import SYSTEM, TZ
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
@@ -71,7 +74,7 @@ class Agent:
     def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *, catalog: Catalog,
                  now: Callable[[], datetime] | None = None,
                  max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW,
-                 turn_timeout: float = TURN_TIMEOUT, monitor=None):
+                 turn_timeout: float = TURN_TIMEOUT, monitor=None, budget: Budget | None = None, status=None):
         self.registry = registry
         self.catalog = catalog
         self.gate = gate
@@ -82,7 +85,8 @@ class Agent:
         self.window = window
         self.turn_timeout = turn_timeout
         self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
-        self.slash = Slash(registry, gate, store)       # the owner's /commands
+        self.budget = budget or Budget(store, None, self.now)     # tokens counted; no daily limit unless given
+        self.slash = Slash(registry, gate, store, status=status)       # the owner's /commands
 
     async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
         """Answer one message; `notify` reaches the owner for approvals during the turn."""
@@ -127,12 +131,16 @@ class Agent:
         query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
                                   and isinstance(m.get("content"), str))][:3])
         recent = _used(history)
+        await self.budget.refresh(user_id)
         keep: list[str] = []            # found or used in this turn, newest first
         last: dict | None = None        # the turn's last tool result
         for _ in range(self.max_rounds):
+            if (spent := self.budget.spent(user_id)) is not None:      # before every request: a loop stops too
+                return spent
             messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
             tools = self.catalog.select(query, [*keep, *recent])
             answer = await self.llm.complete(messages, tools)
+            await self.budget.record(user_id, answer)
             if not answer.tool_calls:
                 return answer.content if answer.content and answer.content.strip() else _gist(last)
             new.append(results.calls_for_history(answer.message()))

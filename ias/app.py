@@ -17,6 +17,7 @@ from . import sandbox
 from .agent import Agent
 from .approval import Approvals, load_key
 from .auditchain import AuditChain
+from .budget import Budget
 from .handlers import Handlers
 from .channels.base import Channel
 from .channels.wechat import ilink
@@ -31,6 +32,7 @@ from .pgcluster import Cluster, embedded
 from .catalog import Catalog
 from .router import Router
 from .runner import Runner
+from .status import Status
 from .mcp.servers import Servers
 from .registry import Registry, registry
 from .store import Store
@@ -99,8 +101,11 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     handlers = Handlers(store, skills, catalog.search)
     gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
                 supervisor=supervisor)
+    budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
+    status = Status(config, store, budget, approvals, runner.sandbox, primary,
+                    has_model=llm is not None, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
-                  monitor=monitor)
+                  monitor=monitor, budget=budget, status=status)
     router = outbox = None
     if channels:
         if primary is None:

@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .limits import (APPROVAL_TIMEOUT, CLUSTER_LINGER, CLUSTER_LINGER_MAX, FALLBACK_AFTER, FALLBACK_MODELS_MAX, LLM_TIMEOUT, MAX_TOOLS_CEILING, MAX_TOOLS_DEFAULT,
                      MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
                      TOOLS_BYTES_MIN, TURN_TIMEOUT, WECHAT_REPLY_WINDOW, WECHAT_SEND_BUDGET)
+from .limits import DAILY_TOKENS_MAX
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
@@ -52,6 +53,7 @@ _SETTINGS = {
     "notify_wecom_url": ("IAS_NOTIFY_WECOM_URL", str),
     "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
     "notify_webhook_body": ("IAS_NOTIFY_WEBHOOK_BODY", str),
+    "daily_tokens": ("IAS_DAILY_TOKENS", (int, 1, DAILY_TOKENS_MAX)),
 }
 # Never read from ias.toml: a config file is too easily committed or shared.
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
@@ -104,6 +106,7 @@ class Config:
     notify_webhook_url: str | None = None
     notify_webhook_token: str | None = None
     notify_webhook_body: str | None = None      # a JSON object template for the generic webhook
+    daily_tokens: int | None = None         # model tokens per owner per Beijing day; None: no limit
     smtp: Any = None                        # IAS_SMTP_*, checked: an ias_skill.smtp.Server, None without a host
     imap: Any = None                        # IAS_IMAP_*, likewise
     skills_dir: Path = REPO_ROOT / "skills"

@@ -17,6 +17,13 @@ must hear about. It does not remember an outage: every request starts at the pri
 Small local models served without a tool-call parser write their calls as text; a reply that is
 nothing but such a call of an offered tool becomes that call (`text_calls`, SPEC §15).
 
+Every Reply names the model that answered (the configured name, not the endpoint's own label) and
+its token `Usage` from the completion's `usage`. A `usage` that is absent or not believable (not a
+whole number, negative, above USAGE_TOKENS_MAX) is estimated instead, marked so: UTF-8 bytes of
+the request (messages and tools as JSON) and of the reply (text and calls), each divided by
+ESTIMATE_BYTES_PER_TOKEN, rounded up. Not handled: cached or reasoning tokens (counted as the
+endpoint counts them, inside prompt and completion), prices.
+
 `openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
 an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
 needs them. The import (a second or more) runs in a worker thread, so the first turn does not
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 
 from .jsonschema import values as jsonvalues
 from .errors import IasError
-from .limits import LLM_RETRY_DELAYS, LLM_TIMEOUT
+from .limits import ESTIMATE_BYTES_PER_TOKEN, LLM_RETRY_DELAYS, LLM_TIMEOUT, USAGE_TOKENS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +77,24 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """The tokens of one model response; `estimated`: the endpoint did not say (believably), so counted by
+    the rule in the module docstring."""
+    prompt: int
+    completion: int
+    estimated: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     content: str | None
     tool_calls: tuple[ToolCall, ...]
+    model: str = ""                 # the configured model that answered ("" in a test's scripted reply)
+    usage: Usage | None = None      # None only in a test's scripted reply: nothing to count
 
     def message(self) -> dict:
         """This reply as an assistant message for the conversation."""
@@ -161,7 +183,7 @@ class LLM:
                 async with asyncio.timeout(self.timeout):
                     response = await client.chat.completions.create(
                         model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
-                return _reply(response, tools)
+                return _reply(response, messages, tools, self.model)
             except _transient(openai) as exc:
                 if attempt == len(self.retry_delays):     # a 409 is a 4xx: SPEC §12 asks no fallback for it
                     kind = LLMError if isinstance(exc, openai.ConflictError) else Unavailable
@@ -259,9 +281,9 @@ def _failure(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, NotACompletion) else type(exc).__name__
 
 
-def _reply(response, tools: list[dict]) -> Reply:
-    """The Reply in a chat completion; NotACompletion if it is none (e.g. a 200 HTML page, which the SDK
-    returns as a string)."""
+def _reply(response, messages: list[dict], tools: list[dict], model: str) -> Reply:
+    """The Reply in a chat completion, from `model`, to a request of `messages` and `tools`; NotACompletion if
+    it is none (e.g. a 200 HTML page, which the SDK returns as a string)."""
     choices = getattr(response, "choices", None)
     if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
         raise NotACompletion("a 200 reply that is not a chat completion")
@@ -274,8 +296,25 @@ def _reply(response, tools: list[dict]) -> Reply:
         calls = text_calls(content, offered)
         if calls:
             log.info("the model wrote %d tool call(s) as text: run as calls", len(calls))
-            return Reply(None, calls)
-    return Reply(content, calls)
+            content = None
+    return Reply(content, calls, model, _usage(getattr(response, "usage", None), messages, tools, content, calls))
+
+
+def _usage(reported, messages: list[dict], tools: list[dict], content: str | None,
+           calls: tuple[ToolCall, ...]) -> Usage:
+    """The endpoint's count of tokens when it is believable (hostile input: any type, any size), else the
+    estimate of the module docstring."""
+    counts = [getattr(reported, name, None) for name in ("prompt_tokens", "completion_tokens")]
+    if all(type(n) is int and 0 <= n <= USAGE_TOKENS_MAX for n in counts):
+        return Usage(counts[0], counts[1])
+    sent = json.dumps(messages, ensure_ascii=False) + (json.dumps(tools, ensure_ascii=False) if tools else "")
+    received = (content or "") + "".join(call.name + call.arguments for call in calls)
+    return Usage(_tokens(sent), _tokens(received), estimated=True)
+
+
+def _tokens(text: str) -> int:
+    """The estimated tokens of `text`: its UTF-8 bytes / ESTIMATE_BYTES_PER_TOKEN, rounded up."""
+    return -(-len(text.encode("utf-8", "replace")) // ESTIMATE_BYTES_PER_TOKEN)
 
 
 # Tool calls written as text (SPEC §15 "Real models' habits"). Forms seen from llama.cpp, Ollama and vLLM

@@ -243,7 +243,24 @@ CREATE INDEX inbound_pending ON inbound (id) WHERE state = 'pending';
 CREATE INDEX inbound_done ON inbound (done_at) WHERE state = 'done';
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND)
+# Version 6: every model response's tokens, summed per user, Beijing day and model (SPEC §12 budgets);
+# `updated_at` (the last response counted) is what retention prunes by.
+_TOKEN_USAGE = """
+CREATE TABLE token_usage (
+    id                 bigserial PRIMARY KEY,
+    day                date NOT NULL,
+    user_id            text NOT NULL,
+    model              text NOT NULL,
+    prompt_tokens      bigint NOT NULL CHECK (prompt_tokens >= 0),
+    completion_tokens  bigint NOT NULL CHECK (completion_tokens >= 0),
+    requests           integer NOT NULL CHECK (requests >= 0),
+    estimated_requests integer NOT NULL CHECK (estimated_requests >= 0),
+    updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (day, user_id, model)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

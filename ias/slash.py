@@ -11,11 +11,15 @@ history, grants or memories), and arguments with quoting (the rest of the line i
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .approval import Notify
 from .gate import Gate
 from .registry import Registry
 from .store import Store
+
+if TYPE_CHECKING:
+    from .status import Status
 
 # name -> (method of Slash, what /help shows after the name)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,18 +27,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/skills": ("skills", " — 列出可用技能"),
     "/run": ("run", ' 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）'),
     "/reset": ("reset", " — 清空对话记录"),
+    "/status": ("status", " — 查看模型、今日用量、沙箱级别、微信窗口、待发送与待确认"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
+NO_STATUS = "当前没有可显示的状态。"
 RUN_USAGE = "用法：/run 技能名 {\"参数\": \"值\"}"
 
 
 class Slash:
     """Answers the owner's /commands over the objects they need."""
 
-    def __init__(self, registry: Registry, gate: Gate, store: Store):
+    def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None):
         self.registry = registry
         self.gate = gate
         self.store = store
+        self._status = status           # /status's facts (None: built without them, e.g. a bare test agent)
 
     async def answer(self, user_id: str, text: str, notify: Notify | None) -> str:
         """The reply to `text`, a message starting with `/`."""
@@ -61,3 +68,6 @@ class Slash:
             return RUN_USAGE
         result = await self.gate.call(user_id, skill, arguments.strip() or "{}", notify)
         return json.dumps(result, ensure_ascii=False, indent=1)
+
+    async def status(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        return NO_STATUS if self._status is None else await self._status.report(user_id)

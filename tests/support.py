@@ -38,7 +38,7 @@ from ias.app import App, build
 from ias.auditchain import AuditChain
 from ias.channels.base import FAILED, SENT, Channel
 from ias.config import Config
-from ias.llm import Reply, ToolCall
+from ias.llm import Reply, ToolCall, Usage
 from ias.pgcluster import Cluster
 from ias.store import Store
 from tests.schema_maker import schema_dsn
@@ -549,12 +549,12 @@ class ScriptedLLM:
             raise AssertionError(f"{len(self.steps)} scripted model replies were never requested")
 
 
-def answer(content: str | None) -> Reply:
-    """A model reply with this text."""
-    return Reply(content, ())
+def answer(content: str | None, usage: Usage | None = None) -> Reply:
+    """A model reply with this text (and these tokens: None, nothing is counted)."""
+    return Reply(content, (), ScriptedLLM.model, usage)
 
 
-def ask(*calls: tuple[str, dict | str]) -> Reply:
+def ask(*calls: tuple[str, dict | str], usage: Usage | None = None) -> Reply:
     """A model reply asking for `calls`, (name, arguments) pairs; arguments may be raw JSON text."""
     return Reply(None, tuple(ToolCall(f"call_{i}", name, args if isinstance(args, str) else json.dumps(args))
-                             for i, (name, args) in enumerate(calls)))
+                             for i, (name, args) in enumerate(calls)), ScriptedLLM.model, usage)

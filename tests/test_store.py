@@ -367,9 +367,12 @@ class RetentionTest(StoreTestCase):
             await self.store.finish_inbound(inbound_id)
         self.sql("UPDATE inbound SET received_at = %s, done_at = %s WHERE id <> %s", (self.old, self.old, handled_new))
         self.sql("UPDATE inbound SET done_at = NULL WHERE id = %s", (pending_old,))
+        for day in (self.old.date(), self.now.date()):
+            await self.store.record_usage(day, "owner", "m", 10, 1, False)
+        self.sql("UPDATE token_usage SET updated_at = %s WHERE day = %s", (self.old, self.old.date()))
 
         removed = await self.store.prune_history(self.now - timedelta(days=180), batch=1)
-        self.assertEqual(removed, {"messages": 1, "outbox": 2, "task_runs": 1, "inbound": 1})
+        self.assertEqual(removed, {"messages": 1, "outbox": 2, "task_runs": 1, "inbound": 1, "token_usage": 1})
         self.assertEqual([r[0] for r in self.sql("SELECT text FROM inbound ORDER BY id")], ["pending", "new"])
         self.assertEqual([m["content"] for m in await self.store.recent_messages("owner", 10)], ["new"])
         self.assertEqual(sorted(r[0] for r in self.sql("SELECT id FROM outbox")),
@@ -378,8 +381,9 @@ class RetentionTest(StoreTestCase):
         self.assertNotIn(expired_old, [r[0] for r in self.sql("SELECT id FROM outbox")])
         self.assertEqual(sorted(run.id for run in self.task_runs(task.id)), [running, undelivered, waiting, newest])
         self.assertNotIn(done, [run.id for run in self.task_runs(task.id)])
+        self.assertEqual(self.sql("SELECT day FROM token_usage"), [(self.now.date(),)])
         self.assertEqual(await self.store.prune_history(self.now - timedelta(days=180)),
-                         {"messages": 0, "outbox": 0, "task_runs": 0, "inbound": 0})
+                         {"messages": 0, "outbox": 0, "task_runs": 0, "inbound": 0, "token_usage": 0})
 
     async def test_the_daemon_job_prunes_at_start_then_daily_on_its_clock(self):
         clock = [self.now]

@@ -1,7 +1,7 @@
 """PostgreSQL storage: the only package that imports psycopg, and the only one with SQL.
 
 `Store` is composed of one part per table family (`audit`, `approvals`, `tasks`, `outbox`,
-`conversation`), each on the connection pool (`pool`); its records are in `records`, the boundary
+`conversation`, `usage`), each on the connection pool (`pool`); its records are in `records`, the boundary
 rule every stored value passes (`storable`) in `values`, and `open` brings the schema up to date
 (`migrate`, the numbered steps in `ias/migrations.py`).
 
@@ -27,13 +27,14 @@ from .conversation import Conversation
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
 from .pool import objects, without_password
-from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task
+from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task, UsageRow
 from .tasks import Tasks
+from .usage import TokenUsage
 from .values import TOO_DEEP, storable
 
 # The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
 __all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
-           "InboundRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
+           "InboundRow", "UsageRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
            "without_password"]
 
 # What `prune_history` removes (older than its parameter and settled), per table.
@@ -44,10 +45,11 @@ _PRUNABLE = {
                   "AND r.id <> (SELECT max(id) FROM task_runs n WHERE n.task_id = r.task_id) "
                   "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_run_id = r.id AND o.state = 'queued')"),
     "inbound": "r.state = 'done' AND r.done_at < %s",     # a pending one is never removed
+    "token_usage": "r.updated_at < %s",
 }
 
 
-class Store(Approvals, Tasks, Outbox, Conversation):
+class Store(Approvals, Tasks, Outbox, Conversation, TokenUsage):
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
     @classmethod
@@ -69,7 +71,7 @@ class Store(Approvals, Tasks, Outbox, Conversation):
 
     async def prune_history(self, before: datetime, batch: int = PRUNE_BATCH) -> dict[str, int]:
         """Remove what is older than `before` and settled: conversation messages, outbox rows no
-        longer queued, finished task runs (never a task's newest run, one still running or with
+        longer queued, token counts of days last counted before it, finished task runs (never a task's newest run, one still running or with
         a message still queued). Rows per table removed; in batches of `batch`, each its own
         transaction, so the daemon's other work never waits long."""
         removed = {}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from ..auditchain import AuditRow, ChainRow
 
-__all__ = ["AuditEntry", "AuditRow", "ChainRow", "Pruned", "Approval", "Task", "OutboxRow", "InboundRow"]
+__all__ = ["AuditEntry", "AuditRow", "ChainRow", "Pruned", "Approval", "Task", "OutboxRow", "InboundRow", "UsageRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +101,18 @@ class InboundRow:
     text: str
     received_at: datetime
     replays: int                   # how many starts handled it again already
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One user's model tokens on one Beijing day with one model: summed over its responses."""
+    day: date
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+    estimated_requests: int         # responses without a believable `usage`, counted by estimate
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,10 +1,11 @@
 """A local OpenAI-compatible endpoint: chat completions (with tools) scripted per test.
 
 Each POST to /v1/chat/completions takes the next scripted step: a reply (text and/or tool
-calls), an HTTP error status, or a misbehaving endpoint: one that never answers (`stall`), one
-that sends its reply a byte at a time without end (`drip`), a 200 whose body is not JSON
-(`broken`), or any body as given (`raw`, e.g. a recorded reply of llama.cpp's server). Every
-request body is recorded, so tests can check what the model was sent.
+calls, with 1 + 1 tokens of `usage` or what `counted` gives), an HTTP error status, or a
+misbehaving endpoint: one that never answers (`stall`), one that sends its reply a byte at a
+time without end (`drip`), a 200 whose body is not JSON (`broken`), or any body as given
+(`raw`, e.g. a recorded reply of llama.cpp's server). Every request body is recorded, so tests
+can check what the model was sent.
 `assert_complete()` fails when scripted steps were left unused.
 
 The fake's own errors (called more often than scripted, a step it cannot serve) are answered with a
@@ -28,6 +29,12 @@ def calls(*tool_calls: tuple[str, dict | str]) -> dict:
     """A reply asking for tool calls: (name, arguments) pairs; arguments may be raw text."""
     return {"tool_calls": [(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
                            for name, args in tool_calls]}
+
+
+def counted(step: dict, usage) -> dict:
+    """`step` (a `text` or `calls` reply) with this `usage` in place of the default (1 + 1 tokens): a dict as
+    the endpoint reports it (any values, hostile ones too), or None for a completion without `usage`."""
+    return {**step, "usage": usage}
 
 
 def error(status: int) -> dict:
@@ -190,9 +197,12 @@ class LLMServer(JSONServer):
                                       "function": {"name": name, "arguments": args}}
                                      for i, (name, args) in enumerate(step["tool_calls"])]
             finish = "tool_calls"
-        return {"id": f"chatcmpl-{self._calls}", "object": "chat.completion", "created": 0, "model": "test-model",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        body = {"id": f"chatcmpl-{self._calls}", "object": "chat.completion", "created": 0, "model": "test-model",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        usage = step.get("usage", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+        if usage is not None:
+            body["usage"] = usage
+        return body
 
     def script(self, *steps: dict) -> None:
         with self._lock:
