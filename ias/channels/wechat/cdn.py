@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import http.client
 import logging
 import os
 import secrets
@@ -164,7 +165,7 @@ class CDN:
                 break
             except TooLarge:
                 raise
-            except (OSError, CDNError) as exc:
+            except (OSError, ValueError, http.client.HTTPException, CDNError) as exc:
                 if index + 1 == len(urls) or getattr(exc, "code", 500) < 500:
                     raise CDNError(f"download failed: {exc}") from None
                 log.warning("WeChat CDN: the full URL failed (%s); trying the constructed one", exc)
@@ -226,7 +227,7 @@ class CDN:
                 if exc.code < 500:
                     raise CDNError(f"upload refused: HTTP {exc.code} {detail}".strip()) from None
                 why = f"HTTP {exc.code} {detail}".strip()
-            except OSError as exc:
-                why = str(exc)
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                why = str(exc) or type(exc).__name__
             log.warning("WeChat CDN: upload failed (%s)", why)
         raise CDNError(f"upload failed {self.attempts} times: {why}")
