@@ -110,13 +110,14 @@ class Inbox:
     def save(self, data: bytes, kind: str, name: str, mime: str) -> Attachment:
         """Write `data` as a new file of today's directory (never replacing one), then keep the bound; the
         file's record. Raises OSError."""
-        day = self.root / self._now().strftime("%Y-%m-%d")
+        now = self._now()
+        day = self.root / now.strftime("%Y-%m-%d")
         for directory in (self.root, day):
             directory.mkdir(mode=0o700, exist_ok=True)
             if directory.is_symlink() or not directory.is_dir():
                 raise OSError(f"{directory} is not a directory")
             os.chmod(directory, 0o700)
-        stored = f"{self._now().strftime('%H%M%S')}-{secrets.token_hex(3)}-{name}"
+        stored = f"{now.strftime('%H%M%S')}-{secrets.token_hex(3)}-{name}"
         path = day / stored
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:

@@ -109,7 +109,7 @@ class SetupTest(unittest.TestCase):
         env_file = self.data / "ias.env"
         self.assertEqual(stat.S_IMODE(env_file.stat().st_mode), 0o600)
         self.assertEqual(envfile.read(env_file), {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test",
-                                                  "IAS_MODEL": "test-model"})
+                                                  "IAS_MODEL": "test-model", "IAS_VISION": "0"})
         plain, tooled = server.requests
         self.assertNotIn("tools", plain)
         self.assertEqual([t["function"]["name"] for t in tooled["tools"]], [PROBE_TOOL_NAME])
