@@ -182,3 +182,4 @@ MEDIA_UPLOAD_ATTEMPTS = 3           # CDN upload tries on a 5xx or a 200 without
 MEDIA_NAME_MAX = 80                 # characters of a stored file's name (the server's name is cut to it)
 INBOX_MAX_MB = 500                  # megabytes the owner's inbox may hold, oldest files removed first: IAS_INBOX_MAX_MB
 IMAGE_PARTS_MAX = 4                 # images of one message sent to a vision model as image parts; the rest are named
+IMAGE_TOKENS_ESTIMATE = 1000        # tokens an image part counts for in an estimate (not its base64 bytes)

@@ -357,6 +357,17 @@ class PartsTest(WeChatTestCase):
         with self.assertRaisesRegex(CDNError, "names no download"):
             await cdn.download({"full_url": "file:///etc/passwd"}, key)
 
+    def test_an_image_part_counts_as_an_image_in_a_token_estimate(self):
+        from ias.llm import _usage
+        from ias.results import image_part
+        picture = png(extra=300_000)
+        text = [{"role": "user", "content": "看图"}]
+        seen = [{"role": "user", "content": [{"type": "text", "text": "看图"}, image_part("image/png", picture)]}]
+        plain, vision = _usage(None, text, [], "好", ()), _usage(None, seen, [], "好", ())
+        self.assertTrue(vision.estimated)
+        self.assertLess(vision.prompt - plain.prompt, limits.IMAGE_TOKENS_ESTIMATE + 20)
+        self.assertGreaterEqual(vision.prompt - plain.prompt, limits.IMAGE_TOKENS_ESTIMATE)
+
     def test_safe_names(self):
         self.assertEqual(safe_name("../../etc/passwd", "file"), "passwd")
         self.assertEqual(safe_name("..", "file"), "file")
