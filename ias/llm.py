@@ -21,8 +21,8 @@ Every Reply names the model that answered (the configured name, not the endpoint
 its token `Usage` from the completion's `usage`. A `usage` that is absent or not believable (not a
 whole number, negative, above USAGE_TOKENS_MAX) is estimated instead, marked so: UTF-8 bytes of
 the request (messages and tools as JSON) and of the reply (text and calls), each divided by
-ESTIMATE_BYTES_PER_TOKEN, rounded up; an image part counts IMAGE_TOKENS_ESTIMATE. Not handled: cached or reasoning tokens (counted as the
-endpoint counts them, inside prompt and completion), prices.
+ESTIMATE_BYTES_PER_TOKEN, rounded up; an image part counts IMAGE_TOKENS_ESTIMATE. Not handled: cached
+or reasoning tokens (counted as the endpoint counts them, inside prompt and completion), prices.
 
 `openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
 an idle daemon's memory, and a daemon that only sends reminders or answers /commands never

@@ -368,6 +368,14 @@ class PartsTest(WeChatTestCase):
         self.assertLess(vision.prompt - plain.prompt, limits.IMAGE_TOKENS_ESTIMATE + 20)
         self.assertGreaterEqual(vision.prompt - plain.prompt, limits.IMAGE_TOKENS_ESTIMATE)
 
+    def test_doctor_names_a_missing_cryptography_as_a_warning(self):
+        from ias.doctor import media_line
+        config = Config(data_dir=Path("/srv/ias"), inbox_max_mb=20, vision=1)
+        self.assertEqual(media_line(config), (True, "media", "inbox /srv/ias/inbox (at most 20 MB), vision on"))
+        ok, _, detail = media_line(config, find_spec=lambda name: None)
+        self.assertIsNone(ok)
+        self.assertIn("cryptography is not installed", detail)
+
     def test_safe_names(self):
         self.assertEqual(safe_name("../../etc/passwd", "file"), "passwd")
         self.assertEqual(safe_name("..", "file"), "file")
