@@ -297,6 +297,7 @@ class SendFileTest(MediaChannelTestCase):
         self.assertEqual(document["item_list"][0]["file_item"]["file_name"], "report.pdf")
         self.assertEqual(document["item_list"][0]["file_item"]["len"], str(len(PDF)))
         self.assertEqual((await channel.window(self.server.owner)).left, self.channels[0].budget - 3)
+        self.assertEqual(self.server.received_files(), [(2, None, chart), (4, "report.pdf", PDF)])
 
     async def test_getuploadurl_minus_14_fails_the_file_without_a_logout(self):
         channel = await self.media_channel()

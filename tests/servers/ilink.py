@@ -290,6 +290,21 @@ class ILinkServer(JSONServer):
             return {"upload_full_url": f"{self.cdn_url}/upload?encrypted_query_param={param}&filekey={body.get('filekey')}"}
         return {"upload_param": param}
 
+    def received_files(self) -> list[tuple[int, str | None, bytes]]:
+        """Each image or file item sent, in order: (item type, file name (None for an image: the protocol
+        carries none), the uploaded bytes decrypted with the item's own `aes_key`)."""
+        from ias.channels.wechat.cdn import decrypt, parse_key
+        found = []
+        with self._cond:
+            for msg in self.sent:
+                item = msg["item_list"][0]
+                holder = item.get("image_item") or item.get("file_item")
+                if holder is not None:
+                    media = holder["media"]
+                    found.append((item["type"], holder.get("file_name"),
+                                  decrypt(parse_key(media["aes_key"]), self.files[media["encrypt_query_param"]])))
+        return found
+
     @staticmethod
     def _item_ok(item: dict) -> bool:
         kind = item.get("type") if isinstance(item, dict) else None
