@@ -260,7 +260,13 @@ CREATE TABLE token_usage (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE)
+
+# Version 7: the files that came with an inbound message (their inbox records), so a replay keeps them.
+_INBOUND_FILES = """
+ALTER TABLE inbound ADD COLUMN attachments jsonb NOT NULL DEFAULT '[]';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _INBOUND_FILES)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by
