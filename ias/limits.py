@@ -171,3 +171,12 @@ MCP_STOP_GRACE = 2.0                # seconds after stdin is closed before SIGTE
 MCP_RESTART_FIRST = 1.0             # seconds before restarting a server that died; doubled after each death
 MCP_RESTART_MAX = 60.0              # seconds between restarts at most
 MCP_UP_RESET = 60.0                 # seconds a server must stay up for its restart delay to start over
+
+# Long-term memory (ias/memory.py, SPEC 14)
+MEMORY_TEXT_MAX = 500               # characters of one memory (remember's `text`)
+MEMORY_PROMPT_MAX = 1500            # characters of the memory lines in one system prompt
+MEMORY_RECALL_DEFAULT = 5           # memories `recall` returns when the model gives no limit
+MEMORY_PER_USER_MAX = 20_000        # memories one user may keep; `remember` refuses past it
+MEMORY_LIST_MAX = 20                # memories /memory shows, newest first
+MEMORY_LIST_TEXT = 200              # characters of each memory /memory shows
+MEMORY_SAID_MAX = 500               # characters kept of the owner's message of the turn a memory came from
