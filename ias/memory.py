@@ -180,10 +180,9 @@ class Memory:
         known = await self._index(user_id)
         now = current()
         tainted = now is not None and now.tainted
-        if not tainted:
-            same = next((i for i, t in known.texts.items() if t == text), None)
-            if same is not None:
-                return None, same
+        same = next((i for i, t in known.texts.items() if t == text), None)
+        if same is not None:            # already kept and in use: a tainted turn adds nothing by saying it again
+            return None, same
         if await self.store.memory_count(user_id) >= MEMORY_PER_USER_MAX:
             raise Refused(f"{MEMORY_PER_USER_MAX} memories are kept already; the owner can remove some (/forget N)")
         source, status = source_of(text, now), UNVERIFIED if tainted else ACTIVE
