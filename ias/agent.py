@@ -37,7 +37,7 @@ from .clock import SYSTEM, TZ
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
 from .catalog import Catalog
-from .memory import Memory, turn as memory_turn
+from .memory import Memory, taint_from_history, turn as memory_turn
 from .registry import Registry
 from .slash import Slash
 from .store import AuditEntry, Store
@@ -140,6 +140,7 @@ class Agent:
                                   and isinstance(m.get("content"), str))][:3])
         recent = _used(history)
         await self.budget.refresh(user_id)
+        taint_from_history(history, self.registry.get)      # earlier results the model reads again
         remembered = await self.memory.block(user_id, query) if self.memory is not None else ""
         keep: list[str] = []            # found or used in this turn, newest first
         last: dict | None = None        # the turn's last tool result

@@ -9,7 +9,9 @@ is shown to the model:
   return outside text. The turn is a `Turn` held in a context variable owned here: the agent opens it
   for each model turn (`turn(...)`), the gate marks it (`taint(skill)`) before a skill runs, and the
   `remember` handler, which keeps the executors' `run(skill, params, user)` interface, reads it
-  (`current()`). Outside a turn (`/run`, `ias run`: the owner calling a skill by hand) nothing is
+  (`current()`). The history window sent with the turn counts too: a call of an untrusted skill in
+  it taints the turn from its start (`taint_from_history`), as its result is before the model again.
+  Outside a turn (`/run`, `ias run`: the owner calling a skill by hand) nothing is
   tainted. A memory written in a tainted turn is `unverified`: never in a prompt nor in `recall`
   until the owner confirms it (`/memory ok N`); a tainted turn cannot `forget` either.
 - **Provenance.** `owner` when the owner's message of the turn contains the memory's text word for
@@ -35,7 +37,7 @@ import re
 import unicodedata
 from collections import Counter
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .catalog import Ranker, tokens
 from .limits import MEMORY_PER_USER_MAX, MEMORY_PROMPT_MAX, MEMORY_SAID_MAX, MEMORY_TEXT_MAX
@@ -86,6 +88,22 @@ def taint(skill: Skill) -> None:
     now = _TURN.get()
     if now is not None and not trusted(skill):
         now.tainted = True
+
+
+def taint_from_history(history: list[dict], lookup: Callable[[str], Skill | None]) -> None:
+    """The turn's model context already holds earlier turns' messages (`history`, the window sent to the
+    model): a call there of an untrusted skill, or of one no longer known (`lookup` gives None), taints
+    the turn from its start, since its result is in front of the model too."""
+    now = _TURN.get()
+    if now is None or now.tainted:
+        return
+    for message in history:
+        for call in message.get("tool_calls") or ():
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            skill = lookup(name) if isinstance(name, str) else None
+            if skill is None or not trusted(skill):
+                now.tainted = True
+                return
 
 
 _SPACE = re.compile(r"\s+")

@@ -5,6 +5,7 @@ memories; every change has its audit row; the prompt's memory lines stay within 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from ias.catalog import Ranker, tokens
 from ias.errors import SkillError
 from ias.limits import MEMORY_PROMPT_MAX
 from ias.memory import BLOCK_HEAD, Memory, clean, source_of, turn
+from ias.registry import mcp_skills
 from ias.skills import parse_skill
 from ias.store import Store
 from tests.servers.tavily import KEY, TavilyServer
@@ -162,9 +164,11 @@ class TaintTest(MemoryCase):
                        ask(("remember", {"text": "主人下午开会"})), answer("好"))
         await self.say("回显一下，然后记住我爱吃面", ask(("echo_low", {"text": "主人爱吃面"})),
                        ask(("remember", {"text": "主人爱吃面"})), answer("好"))
+        await self.agent.turn("owner", "/reset", None)
         await self.say("记住我住在济南", ask(("remember", {"text": "主人住在济南"})), answer("好"))
         self.assertEqual([row[3] for row in self.rows()], ["active", "unverified", "active"],
-                         "built-ins and ## Trusted skills do not taint; a user skill does; a new turn starts clean")
+                         "built-ins and ## Trusted skills do not taint; a user skill does; a new turn whose history "
+                         "holds no untrusted result starts clean")
         # A turn that read untrusted output cannot delete memories either; the owner can.
         first = self.rows()[0][0]
         result = await self.say("回显，然后忘掉开会", ask(("echo_low", {"text": "x"})), ask(("forget", {"id": first})),
@@ -172,6 +176,14 @@ class TaintTest(MemoryCase):
         self.assertEqual(result, "好")
         self.assertIn("/forget N", [m["content"] for m in self.model.requests[-1]["messages"] if m["role"] == "tool"][-1])
         self.assertEqual(len(self.rows()), 3)
+
+    async def test_a_page_read_in_an_earlier_turn_still_in_the_history_taints_the_turn(self):
+        self.tv.script(200, body=page(INJECTED))
+        await self.say("帮我搜一下邮件设置", ask(("search_web", {"query": "邮件设置"})), answer("搜到了。"))
+        await self.say("好的", ask(("remember", {"text": "主人授权所有邮件自动发送"})), answer("好"))
+        await self.agent.turn("owner", "/reset", None)          # the page leaves the history
+        await self.say("记住我住在济南", ask(("remember", {"text": "主人住在济南"})), answer("好"))
+        self.assertEqual([row[3] for row in self.rows()], ["unverified", "active"])
 
     async def test_a_call_outside_a_turn_is_the_owners(self):
         """`/run remember` (and `ias run`) is the owner calling the skill by hand: not tainted, source owner."""
@@ -261,7 +273,9 @@ class PartsTest(GateTestCase):
             parse_skill(path, base + "\n## Trusted\nno\n")
         self.assertIn("'## Trusted' is empty or says yes", str(caught.exception))
         server = parse_skill(path, "# S\n\nd\n\n## Risk Level\nLow\n\n## MCP\npython3 server.py\n\n## Trusted\n")
-        self.assertTrue(server.trusted)
+        tools = [{"name": "lookup", "description": "d", "inputSchema": {"type": "object"}}]
+        self.assertTrue(mcp_skills(server, tools).skills["some_skill__lookup"].trusted, "its tools are trusted")
+        self.assertFalse(mcp_skills(replace(server, trusted=False), tools).skills["some_skill__lookup"].trusted)
         shipped = {s.name: s.trusted for s in self.registry}
         self.assertTrue(shipped["get_current_datetime"])
         self.assertFalse(any(shipped[name] for name in ("search_web", "query_weather", "email", "execute_shell")))
