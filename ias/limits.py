@@ -175,6 +175,7 @@ MCP_UP_RESET = 60.0                 # seconds a server must stay up for its rest
 # Long-term memory (ias/memory.py, SPEC 14)
 MEMORY_TEXT_MAX = 500               # characters of one memory (remember's `text`)
 MEMORY_PROMPT_MAX = 1500            # characters of the memory lines in one system prompt
+MEMORY_PROMPT_CANDIDATES = 50       # best-ranked, then newest, memories tried for the prompt (each at most)
 MEMORY_RECALL_DEFAULT = 5           # memories `recall` returns when the model gives no limit
 MEMORY_PER_USER_MAX = 20_000        # memories one user may keep; `remember` refuses past it
 MEMORY_LIST_MAX = 20                # memories /memory shows, newest first
