@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7), (8) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -224,3 +224,20 @@ CREATE TABLE IF NOT EXISTS token_usage (
 -- The files that came with an inbound message: their inbox records ({"path", "kind", "mime", "size", "name"}),
 -- so a message replayed after a restart keeps them.
 ALTER TABLE inbound ADD COLUMN IF NOT EXISTS attachments jsonb NOT NULL DEFAULT '[]';
+
+-- Long-term memory (SPEC 14): short facts per user with their provenance. `source`: said by the owner or
+-- written by the model; `said`: the owner's message of the turn it came from; `tainted`: that turn had
+-- read untrusted content (web, mail, files, MCP results) first, so the memory is `unverified` and unused
+-- until the owner confirms it (`/memory ok N`). Each change commits with its audit row.
+CREATE TABLE IF NOT EXISTS memories (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id      text NOT NULL,
+    text         text NOT NULL CHECK (char_length(text) BETWEEN 1 AND 500),
+    source       text NOT NULL CHECK (source IN ('owner', 'model')),
+    status       text NOT NULL CHECK (status IN ('active', 'unverified')),
+    tainted      boolean NOT NULL,
+    said         text,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    confirmed_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS memories_user ON memories (user_id, id);

@@ -20,6 +20,7 @@ from .auditchain import AuditChain
 from .budget import Budget
 from .handlers import Handlers
 from .inbox import Inbox
+from .memory import Memory
 from .channels.base import Channel
 from .channels.wechat import ilink
 from .channels.wechat.cdn import CDN
@@ -101,7 +102,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     catalog = make_catalog(config, skills)
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
                   supervisor=supervisor)
-    handlers = Handlers(store, skills, catalog.search)
+    memory = Memory(store)
+    handlers = Handlers(store, skills, catalog.search, memory)
     gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
                 supervisor=supervisor)
     budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
@@ -109,7 +111,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                     has_model=llm is not None, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor, budget=budget, status=status, inbox=make_inbox(config),
-                  vision=bool(config.vision))
+                  vision=bool(config.vision), memory=memory)
     router = outbox = None
     if channels:
         if primary is None:

@@ -9,9 +9,10 @@ word is the common unit. Not handled: synonyms, other scripts' segmentation, spe
 """
 from __future__ import annotations
 
+import heapq
+import json
 import math
 import re
-import json
 from collections import Counter
 from collections.abc import Sequence
 
@@ -62,40 +63,77 @@ def skill_text(skill) -> tuple[str, str]:
     return f"{skill.name} {skill.title}", " ".join(parts)
 
 
-class Index:
-    """BM25 over a fixed set of skills; build once per registry generation."""
+class Ranker:
+    """BM25 over documents added and removed by key, best first; ties go to the smaller key.
 
-    def __init__(self, skills):
-        self.names: list[str] = []
-        self._lengths: list[int] = []
-        self._postings: dict[str, list[tuple[int, int]]] = {}
-        for doc, skill in enumerate(skills):
-            head, body = skill_text(skill)
-            terms = Counter(tokens(body))
-            for term in tokens(head):
-                terms[term] += NAME_WEIGHT
-            self.names.append(skill.name)
-            self._lengths.append(sum(terms.values()))
-            for term, count in terms.items():
-                self._postings.setdefault(term, []).append((doc, count))
-        self._average = (sum(self._lengths) / len(self._lengths)) if self._lengths else 1.0
+    The skill catalog builds one per registry generation; memory.py keeps one per user and updates it on
+    every write, so neither re-reads its documents per query.
+    """
 
-    def search(self, query: str, limit: int) -> list[str]:
-        """Up to `limit` skill names best matching `query`, best first; only skills sharing a term."""
-        if limit <= 0:
+    def __init__(self) -> None:
+        self._lengths: dict = {}                    # key -> the document's length in terms
+        self._terms: dict = {}                      # key -> the document's distinct terms
+        self._postings: dict[str, dict] = {}        # term -> {key: count}
+        self._total = 0                             # sum of the lengths
+        self._norms: dict | None = None             # key -> BM25's length normalisation; None: to compute
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def add(self, key, terms: Counter) -> None:
+        """Index the document `key` as its `terms` (replacing what `key` had)."""
+        self.remove(key)
+        self._lengths[key] = length = sum(terms.values())
+        self._total += length
+        self._terms[key] = tuple(terms)
+        for term, count in terms.items():
+            self._postings.setdefault(term, {})[key] = count
+        self._norms = None
+
+    def remove(self, key) -> None:
+        """Forget the document `key` (nothing if it was not there)."""
+        length = self._lengths.pop(key, None)
+        if length is None:
+            return
+        self._total -= length
+        for term in self._terms.pop(key):
+            postings = self._postings[term]
+            del postings[key]
+            if not postings:
+                del self._postings[term]
+        self._norms = None
+
+    def search(self, query: str, limit: int) -> list:
+        """Up to `limit` keys best matching `query`, best first; only documents sharing a term."""
+        if limit <= 0 or not self._lengths:
             return []
-        scores: dict[int, float] = {}
-        total = len(self.names)
+        if self._norms is None:
+            average = self._total / len(self._lengths) or 1.0
+            self._norms = {key: K1 * (1 - B + B * length / average) for key, length in self._lengths.items()}
+        norms = self._norms
+        scores: dict = {}
+        total = len(self._lengths)
         for term, weight in Counter(tokens(query)).items():
             postings = self._postings.get(term)
             if not postings:
                 continue
-            idf = math.log(1 + (total - len(postings) + 0.5) / (len(postings) + 0.5))
-            for doc, count in postings:
-                norm = count * (K1 + 1) / (count + K1 * (1 - B + B * self._lengths[doc] / self._average))
-                scores[doc] = scores.get(doc, 0.0) + weight * idf * norm
-        best = sorted(scores, key=lambda d: (-scores[d], self.names[d]))[:limit]
-        return [self.names[d] for d in best]
+            factor = weight * math.log(1 + (total - len(postings) + 0.5) / (len(postings) + 0.5)) * (K1 + 1)
+            for key, count in postings.items():
+                scores[key] = scores.get(key, 0.0) + factor * count / (count + norms[key])
+        return heapq.nsmallest(limit, scores, key=lambda k: (-scores[k], k))
+
+
+class Index(Ranker):
+    """BM25 over a fixed set of skills, keyed by name; build once per registry generation."""
+
+    def __init__(self, skills):
+        super().__init__()
+        for skill in skills:
+            head, body = skill_text(skill)
+            terms = Counter(tokens(body))
+            for term in tokens(head):
+                terms[term] += NAME_WEIGHT
+            self.add(skill.name, terms)
 
 
 def tool_spec(skill) -> dict:

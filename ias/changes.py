@@ -41,11 +41,12 @@ class Change:
 
 
 def _state(spec: Skill | McpServer) -> tuple:
-    """What a change of is told: risk, how it runs (## Execute, ## Builtin, ## MCP with ## Tools), ## Sandbox, ## Env."""
+    """What a change of is told: risk, how it runs (## Execute, ## Builtin, ## MCP with ## Tools), ## Sandbox, ## Env,
+    ## Trusted."""
     sandbox = getattr(spec, "sandbox", None)
     if isinstance(spec, McpServer):
-        return ("mcp", spec.risk, tuple(sorted((spec.tools or {}).items())), spec.command, sandbox, spec.env)
-    return ("skill", spec.risk, spec.execute, spec.builtin, sandbox, spec.env)
+        return ("mcp", spec.risk, tuple(sorted((spec.tools or {}).items())), spec.command, sandbox, spec.env, spec.trusted)
+    return ("skill", spec.risk, spec.execute, spec.builtin, sandbox, spec.env, spec.trusted)
 
 
 def _lowered(name: str, before: tuple | None, after: tuple, high: set[str]) -> bool:

@@ -32,6 +32,7 @@ from . import jsonschema as schema, results
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
+from .memory import taint
 from .outcome import Executor, Outcome
 from .processes import alive, identity
 from .registry import Registry
@@ -113,6 +114,7 @@ class Gate:
         await self.store.audit(AuditEntry("skill_started", user_id=user_id, skill_name=name, params=redact(params),
                                           risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
         call = Call(user_id, skill, approval_id, decision, tag, time.monotonic(), notify)
+        taint(skill)                            # an untrusted skill's output taints the turn's memories (memory.py)
         with self.records.hold():               # shutdown waits for the run and the record of its end
             try:
                 outcome = await self._executor(skill).run(skill, params, user_id)

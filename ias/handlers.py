@@ -5,7 +5,8 @@ validates, approves and audits a built-in call exactly as a script skill's; only
 differs: `Handlers.run` calls a handler here instead of spawning a process, and returns the
 same `Outcome` as every executor (no exit code: no process ran). So no database URL reaches
 any skill's environment and no `ias` process starts per call. The names a SKILL.md may use are
-the grammar's (`skills.BUILTIN_NAMES`); `HANDLERS` maps each to its method here.
+the grammar's (`skills.BUILTIN_NAMES`); `HANDLERS` maps each to its method here. The memory
+skills only dispatch to `memory.Memory`, which decides what is kept and whether it is used.
 
 Not handled: a handler cannot be cancelled mid-statement by its timeout beyond what asyncio
 cancellation gives (a database statement in flight is abandoned, not rolled back twice).
@@ -21,7 +22,8 @@ from . import results
 from .clock import TZ
 from .cron import describe, parse_schedule
 from .errors import IasError
-from .limits import FIND_SKILLS_DEFAULT
+from .limits import FIND_SKILLS_DEFAULT, MEMORY_RECALL_DEFAULT
+from .memory import Memory, Refused
 from .outcome import Outcome
 from .registry import Registry
 from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
@@ -29,16 +31,19 @@ from .skills import Skill
 from .store import Store
 
 # `## Builtin` name (skills.BUILTIN_NAMES) -> method of Handlers.
-HANDLERS = {"tasks.list": "tasks_list", "tasks.manage": "tasks_manage", "skills.find": "skills_find"}
+HANDLERS = {"tasks.list": "tasks_list", "tasks.manage": "tasks_manage", "skills.find": "skills_find",
+            "memory.remember": "memory_remember", "memory.recall": "memory_recall", "memory.forget": "memory_forget"}
 
 
 class Handlers:
     """The handlers, over the objects they need."""
 
-    def __init__(self, store: Store, registry: Registry, rank: Callable[[str, int], list[str]]):
+    def __init__(self, store: Store, registry: Registry, rank: Callable[[str, int], list[str]],
+                 memory: Memory | None = None):
         self.store = store
         self.registry = registry
         self.rank = rank                  # (query, limit) -> skill names, best first
+        self.memory = memory              # the memory skills' (memory.py decides; these only dispatch)
 
     async def run(self, skill: Skill, params: dict, user_id: str) -> Outcome:
         """Run the handler `skill.builtin` within the skill's timeout."""
@@ -95,6 +100,38 @@ class Handlers:
             if skill is not None:
                 found.append({"name": name, "description": one_line(skill.description)})
         return {"success": True, "skills": found}
+
+    async def memory_remember(self, params: dict, user_id: str) -> dict:
+        try:
+            row, same = await self._memory().remember(user_id, str(params.get("text", "")))
+        except Refused as exc:
+            return _fail(str(exc))
+        if row is None:
+            return {"success": True, "id": same, "status": "active", "note": "already remembered"}
+        result = {"success": True, "id": row.id, "status": row.status}
+        if row.status != "active":
+            result["note"] = (f"this turn read outside content, so the memory is kept unverified and not used "
+                              f"until the owner confirms it with /memory ok {row.id}")
+        return result
+
+    async def memory_recall(self, params: dict, user_id: str) -> dict:
+        found = await self._memory().recall(user_id, str(params.get("query", "")),
+                                            params.get("limit", MEMORY_RECALL_DEFAULT))
+        return {"success": True, "memories": [{"id": i, "text": text} for i, text in found]}
+
+    async def memory_forget(self, params: dict, user_id: str) -> dict:
+        try:
+            row = await self._memory().forget(user_id, params["id"], by="forget")
+        except Refused as exc:
+            return _fail(str(exc))
+        if row is None:
+            return _fail(f"no memory {params['id']} (see recall)")
+        return {"success": True, "forgotten": row.id}
+
+    def _memory(self) -> Memory:
+        if self.memory is None:
+            raise RuntimeError("a memory skill ran but the handlers were built without memory")
+        return self.memory
 
 
 def _fail(message: str) -> dict:

@@ -183,3 +183,13 @@ MEDIA_NAME_MAX = 80                 # characters of a stored file's name (the se
 INBOX_MAX_MB = 500                  # megabytes the owner's inbox may hold, oldest files removed first: IAS_INBOX_MAX_MB
 IMAGE_PARTS_MAX = 4                 # images of one message sent to a vision model as image parts; the rest are named
 IMAGE_TOKENS_ESTIMATE = 1000        # tokens an image part counts for in an estimate (not its base64 bytes)
+
+# Long-term memory (ias/memory.py, SPEC 14)
+MEMORY_TEXT_MAX = 500               # characters of one memory (remember's `text`)
+MEMORY_PROMPT_MAX = 1500            # characters of the memory lines in one system prompt
+MEMORY_PROMPT_CANDIDATES = 50       # best-ranked, then newest, memories tried for the prompt (each at most)
+MEMORY_RECALL_DEFAULT = 5           # memories `recall` returns when the model gives no limit
+MEMORY_PER_USER_MAX = 20_000        # memories one user may keep; `remember` refuses past it
+MEMORY_LIST_MAX = 20                # memories /memory shows, newest first
+MEMORY_LIST_TEXT = 200              # characters of each memory /memory shows
+MEMORY_SAID_MAX = 500               # characters kept of the owner's message of the turn a memory came from

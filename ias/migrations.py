@@ -266,7 +266,25 @@ _INBOUND_FILES = """
 ALTER TABLE inbound ADD COLUMN attachments jsonb NOT NULL DEFAULT '[]';
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _INBOUND_FILES)
+# Version 8: long-term memory (SPEC 14), facts kept per user with their provenance; every change of a row
+# is committed with its audit row (store/memory.py).
+_MEMORIES = """
+CREATE TABLE memories (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id      text NOT NULL,
+    text         text NOT NULL CHECK (char_length(text) BETWEEN 1 AND 500),
+    source       text NOT NULL CHECK (source IN ('owner', 'model')),
+    status       text NOT NULL CHECK (status IN ('active', 'unverified')),
+    tainted      boolean NOT NULL,
+    said         text,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    confirmed_at timestamptz
+);
+CREATE INDEX memories_user ON memories (user_id, id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _INBOUND_FILES,
+                                _MEMORIES)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

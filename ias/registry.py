@@ -220,9 +220,9 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 3       # 2: the ## Sandbox policy; 3: Skill.kind
+CACHE_VERSION = 4       # 2: the ## Sandbox policy; 3: Skill.kind; 4: Skill.trusted
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
-                  "parameters_line", "kind", "builtin")
+                  "parameters_line", "kind", "builtin", "trusted")
 
 
 def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
@@ -465,7 +465,7 @@ def mcp_skills(server: McpServer, tools: list, allow: frozenset[str] | set[str] 
                              parameters=made.relaxed, execute="", timeout=server.timeout, env=server.env,
                              directory=server.directory, validator=made.validator, source=server.source,
                              parameters_line=server.line, kind="mcp", mcp=McpTool(server.name, raw, given),
-                             sandbox=server.sandbox)
+                             sandbox=server.sandbox, trusted=server.trusted)
     listed = {t.get("name") for t in tools if isinstance(t, dict)}
     for missing in sorted(set(server.tools or ()) - listed):
         warnings.append(f"{where}: '## Tools' names '{_clip(missing)}', which the server does not list")

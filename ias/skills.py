@@ -44,6 +44,7 @@ class Skill:
     builtin: str | None = None    # kind "builtin": the handler ## Builtin names (one of BUILTIN_NAMES)
     mcp: McpTool | None = None    # kind "mcp": the server and its tool
     sandbox: Policy = Policy()    # ## Sandbox: what it may reach beyond the default (SPEC 10)
+    trusted: bool = False         # ## Trusted: its output is not untrusted outside text (memory.py's taint rule)
 
     def __post_init__(self) -> None:
         if (self.kind not in KINDS or (self.kind == "builtin") != (self.builtin is not None)
@@ -79,6 +80,7 @@ class McpServer:
     source: str = "user"
     line: int = 1                 # line of `## MCP`, for problems found when the server runs
     sandbox: Policy = Policy()
+    trusted: bool = False         # ## Trusted: its tools' output is not untrusted outside text
 
     @property
     def path(self) -> Path:
@@ -102,11 +104,13 @@ SECTION_ALIASES = {
     "builtin": "builtin", "内置": "builtin",
     "mcp": "mcp", "tools": "tools", "工具": "tools",
     "sandbox": "sandbox", "沙箱": "sandbox",
+    "trusted": "trusted", "可信": "trusted",
 }
 REQUIRED_SECTIONS = ("risk", "parameters")
 EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
 # The `## Builtin` vocabulary: the in-process handlers a SKILL.md may name (handlers.py implements each).
-BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find"})
+BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find", "memory.remember", "memory.recall",
+                           "memory.forget"})
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 # CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
 # the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
@@ -339,19 +343,30 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
 
     policy = _sandbox_section(sections["sandbox"], risk, mcp, real, problems, where) if "sandbox" in sections \
         else Policy()
+    trusted = "trusted" in sections and _trusted(sections["trusted"], problems, where)
     if mcp:
         command, tools = _mcp_sections(sections, problems, where)
         if problems:
             raise SkillError(problems)
         return McpServer(name=name, command=command, risk=risk, tools=tools, timeout=timeout, env=tuple(env),
                          directory=real, description=description, source=source,
-                         line=sections["mcp"].line, sandbox=policy)
+                         line=sections["mcp"].line, sandbox=policy, trusted=trusted)
     if problems:
         raise SkillError(problems)
     return Skill(name=name, title=title or name, description=description, risk=risk,
                  parameters=parameters, execute=execute, timeout=timeout, env=tuple(env),
                  directory=real, validator=validator, source=source, parameters_line=parameters_line,
-                 kind="builtin" if builtin is not None else "script", builtin=builtin, sandbox=policy)
+                 kind="builtin" if builtin is not None else "script", builtin=builtin, sandbox=policy,
+                 trusted=trusted)
+
+
+def _trusted(section: _Section, problems: list[str], where: str) -> bool:
+    """`## Trusted`: empty or `yes` (the skill's output is the owner's own data, not outside text)."""
+    lines = _text(section)
+    if not lines or (len(lines) == 1 and lines[0][1].lower() in ("yes", "是")):
+        return True
+    problems.append(f"{where}:{lines[0][0]}: '## Trusted' is empty or says yes, got '{_clip(lines[0][1])}'")
+    return False
 
 
 def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, problems: list[str],

@@ -11,10 +11,13 @@ history, grants or memories), and arguments with quoting (the rest of the line i
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING
 
 from .approval import Notify
 from .gate import Gate
+from .limits import MEMORY_LIST_MAX, MEMORY_LIST_TEXT
+from .memory import Memory
 from .registry import Registry
 from .store import Store
 
@@ -26,22 +29,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/help": ("help", " — 显示本帮助"),
     "/skills": ("skills", " — 列出可用技能"),
     "/run": ("run", ' 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）'),
-    "/reset": ("reset", " — 清空对话记录"),
+    "/reset": ("reset", " — 清空对话记录（记忆保留）"),
     "/status": ("status", " — 查看模型、今日用量、沙箱级别、微信窗口、待发送与待确认"),
+    "/memory": ("memory", " [ok 编号] — 列出记忆（最新在前）；加 ok 编号 确认一条未确认的记忆"),
+    "/forget": ("forget", " 编号 — 删除一条记忆"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
 NO_STATUS = "当前没有可显示的状态。"
 RUN_USAGE = "用法：/run 技能名 {\"参数\": \"值\"}"
+MEMORY_USAGE = "用法：/memory 列出记忆；/memory ok 编号 确认一条未确认的记忆"
+FORGET_USAGE = "用法：/forget 编号"
+NO_MEMORY = "记忆功能未启用。"
+_NUMBER = re.compile(r"#?([1-9][0-9]{0,17})")
 
 
 class Slash:
     """Answers the owner's /commands over the objects they need."""
 
-    def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None):
+    def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None,
+                 memory: Memory | None = None):
         self.registry = registry
         self.gate = gate
         self.store = store
         self._status = status           # /status's facts (None: built without them, e.g. a bare test agent)
+        self.memories = memory          # /memory, /forget (the method /memory is `memory`)
 
     async def answer(self, user_id: str, text: str, notify: Notify | None) -> str:
         """The reply to `text`, a message starting with `/`."""
@@ -71,3 +82,35 @@ class Slash:
 
     async def status(self, user_id: str, rest: str, notify: Notify | None) -> str:
         return NO_STATUS if self._status is None else await self._status.report(user_id)
+
+    async def memory(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        if self.memories is None:
+            return NO_MEMORY
+        if rest:
+            word, _, number = rest.partition(" ")
+            match = _NUMBER.fullmatch(number.strip())
+            if word.lower() != "ok" or match is None:
+                return MEMORY_USAGE
+            row = await self.memories.confirm(user_id, int(match[1]))
+            return f"没有待确认的记忆 #{match[1]}。" if row is None else f"已确认记忆 #{row.id}：{row.text}"
+        rows, total = await self.memories.listing(user_id, MEMORY_LIST_MAX)
+        if not rows:
+            return "还没有记忆。"
+        lines = [f"记忆（共 {total} 条，最新在前）："]
+        for row in rows:
+            text = row.text if len(row.text) <= MEMORY_LIST_TEXT else row.text[:MEMORY_LIST_TEXT - 1] + "…"
+            lines.append(f"#{row.id} {text}" + ("（未确认）" if row.status != "active" else ""))
+        if total > len(rows):
+            lines.append(f"……另有 {total - len(rows)} 条未显示")
+        if any(row.status != "active" for row in rows):
+            lines.append("未确认的记忆不会被使用：确认请发 /memory ok 编号，删除请发 /forget 编号。")
+        return "\n".join(lines)
+
+    async def forget(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        if self.memories is None:
+            return NO_MEMORY
+        match = _NUMBER.fullmatch(rest)
+        if match is None:
+            return FORGET_USAGE
+        row = await self.memories.forget(user_id, int(match[1]), by="/forget")
+        return f"没有记忆 #{match[1]}。" if row is None else f"已删除记忆 #{row.id}：{row.text}"

@@ -1,6 +1,6 @@
 """`ias backup` and `ias restore` as a user runs them (issue 24's "Must show"): a backup made while the daemon
 runs, restored into a fresh data directory holding the same key, brings back the tasks, the conversation
-history and the audit log, which verifies there; a non-empty database is refused; another key is named."""
+history, the memories and the audit log, which verifies there; a non-empty database is refused; another key is named."""
 import os
 import shutil
 import subprocess
@@ -57,6 +57,7 @@ class BackupTest(E2ETestCase):
             self.assertEqual(daemon.reply("请记住：钥匙在花盆下"), ECHO + "请记住：钥匙在花盆下", daemon.stderr()[-3000:])
             self.ias("tasks", "add", "--name", "浇花", "--schedule", "0 7 * * *", "--text", "给花浇水")
             self.ias("run", "get_current_datetime", "{}")
+            self.ias("run", "remember", '{"text": "备用钥匙在门口地垫下"}')       # a long-term memory (issue 27)
             made = self.ias("backup", str(backup))
             self.assertIn(str(backup), made.stdout)
             self.assertIn("not the secret key", made.stdout)
@@ -82,6 +83,7 @@ class BackupTest(E2ETestCase):
             self.assertEqual(daemon.reply("钥匙在哪"), ECHO + "钥匙在哪", daemon.stderr()[-3000:])
             sent = [m.get("content") for m in llm.requests[-1]["messages"]]
             self.assertIn("请记住：钥匙在花盆下", sent)
+            self.assertIn("备用钥匙在门口地垫下", sent[0], "the memory is restored and in the system prompt")
             self.assertEqual(daemon.terminate(), 0, daemon.stderr()[-3000:])
             self.assertIn("not empty", self.ias("restore", str(backup), env=env, code=1).stderr)
 

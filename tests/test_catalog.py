@@ -190,14 +190,14 @@ class CommandsTest(unittest.TestCase):
             shutil.rmtree(self.tmp / "skills" / name)
         check = ias("skills", "check", env=self.env)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
-        self.assertRegex(check.stdout, r"(?m)^warning: 48 skills make \d+ bytes of tool definitions, more than one "
+        self.assertRegex(check.stdout, r"(?m)^warning: 51 skills make \d+ bytes of tool definitions, more than one "
                                        r"model request carries \(IAS_MAX_TOOLS=32, IAS_TOOLS_BYTES=12288\)")
         roomy = ias("skills", "check", env={**self.env, "IAS_MAX_TOOLS": "128", "IAS_TOOLS_BYTES": "65536"})
         self.assertNotIn("warning:", roomy.stdout)
         dsn, schema_name = fresh_schema_dsn()
         self.addCleanup(drop_schema, schema_name)
         doctor = ias("doctor", env={**self.env, "IAS_DATABASE_URL": dsn})
-        self.assertRegex(doctor.stdout, r"(?m)^warn  tools: 48 skills make \d+ bytes")
+        self.assertRegex(doctor.stdout, r"(?m)^warn  tools: 51 skills make \d+ bytes")
 
     def test_bad_limits_are_refused(self):
         for value, why in (("0", "between 1 and 128"), ("129", "between 1 and 128"), ("many", "an integer")):
@@ -223,7 +223,7 @@ class CommandsTest(unittest.TestCase):
     def test_listing_cache_follows_edits_and_survives_damage(self):
         skillset.write(self.tmp / "skills")
         first = ias("skills", "--json", env=self.env)
-        self.assertEqual(len(json.loads(first.stdout)), 1008)
+        self.assertEqual(len(json.loads(first.stdout)), 1011)
         self.assertTrue((self.tmp / "data" / "skills.cache.json").is_file())
         again = ias("skills", "--json", env=self.env)
         self.assertEqual(again.stdout, first.stdout)
@@ -234,7 +234,7 @@ class CommandsTest(unittest.TestCase):
         self.assertEqual(rows["jinan_jobs"]["description"], "Search many job openings in Jinan.")
         self.assertNotIn("jinan_rent", rows)
         (self.tmp / "data" / "skills.cache.json").write_text("{damaged", encoding="utf-8")
-        self.assertEqual(len(json.loads(ias("skills", "--json", env=self.env).stdout)), 1007)
+        self.assertEqual(len(json.loads(ias("skills", "--json", env=self.env).stdout)), 1010)
 
 
 class OnceRefusedTest(StoreTestCase):

@@ -1,7 +1,7 @@
 """PostgreSQL storage: the only package that imports psycopg, and the only one with SQL.
 
 `Store` is composed of one part per table family (`audit`, `approvals`, `tasks`, `outbox`,
-`conversation`, `usage`), each on the connection pool (`pool`); its records are in `records`, the boundary
+`conversation`, `usage`, `memory`), each on the connection pool (`pool`); its records are in `records`, the boundary
 rule every stored value passes (`storable`) in `values`, and `open` brings the schema up to date
 (`migrate`, the numbered steps in `ias/migrations.py`).
 
@@ -24,6 +24,7 @@ from ..supervisor import Supervisor
 from .approvals import Approvals
 from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
+from .memory import MemoryRow, Memories
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
 from .pool import objects, without_password
@@ -35,7 +36,7 @@ from .values import TOO_DEEP, storable
 # The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
 __all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
            "InboundRow", "UsageRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
-           "without_password"]
+           "without_password", "MemoryRow"]
 
 # What `prune_history` removes (older than its parameter and settled), per table.
 _PRUNABLE = {
@@ -49,7 +50,7 @@ _PRUNABLE = {
 }
 
 
-class Store(Approvals, Tasks, Outbox, Conversation, TokenUsage):
+class Store(Approvals, Tasks, Outbox, Conversation, TokenUsage, Memories):
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
     @classmethod
