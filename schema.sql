@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -204,3 +204,7 @@ CREATE TABLE IF NOT EXISTS inbound (
 );
 CREATE INDEX IF NOT EXISTS inbound_pending ON inbound (id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS inbound_done ON inbound (done_at) WHERE state = 'done';
+
+-- Media out (issue 26): a queued message may be a file a skill returned for the owner, sent through the
+-- channel's file upload: the path of its private copy under $IAS_DATA_DIR/outgoing (`text` names the file).
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS file_path text;

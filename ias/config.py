@@ -126,6 +126,8 @@ class Config:
     unwritten_file = _in_data_dir("unwritten-ends.jsonl", "Skill ends a stopping daemon could not write yet.")
     skills_cache = _in_data_dir("skills.cache.json", "The parsed skill directories, for the `skills` listing.")
     mcp_cache = _in_data_dir("mcp", "Each MCP server's last tool list (`<skill>.json`).")
+    inbox = _in_data_dir("inbox", "The owner's inbox: media they sent (`YYYY-MM-DD/`); a skill may send files from it.")
+    outgoing = _in_data_dir("outgoing", "Private copies of the files skills send the owner, until the outbox sent them.")
 
 
 def absolute(path: str | os.PathLike) -> Path:

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ... import limits
@@ -362,3 +363,9 @@ class WeChatChannel(Channel):
             return SHUT if code == OUT_OF_WINDOW else FAILED
         log.info("WeChat: sent %s to %s (%d characters)", client_id, user_id, len(text))
         return SENT
+
+    async def send_file(self, user_id: str, path: Path, caption: str | None, client_id: str) -> str:
+        """MERGE NOTE (issue 26): the CDN upload is the media-in branch's `send_file`, which replaces this one;
+        until it is there a file cannot go out on WeChat: FAILED (the outbox retries it, then expires it)."""
+        log.warning("WeChat: cannot send file %s to %s: no CDN upload in this build", client_id, user_id)
+        return FAILED
