@@ -6,7 +6,7 @@ it allows into a private directory of its own under `$IAS_DATA_DIR/outgoing/` (0
 keeping the file's name), where the outbox finds it. Allowed: an absolute path inside the run's HOME
 or the owner's inbox, reached without a symbolic link at any step below that root (each step opened
 with O_NOFOLLOW relative to the one before, so a link planted by the skill is never followed, not even
-by root), a regular file (a FIFO, device or directory is refused; opened non-blocking, so a FIFO
+by root), a regular file with no other hard link (a FIFO, device or directory is refused; opened non-blocking, so a FIFO
 cannot stall the daemon) of at most MEDIA_SEND_MAX bytes, at most MEDIA_SEND_FILES_MAX per result.
 A refused entry is a `Refused` fact; results.py tells the model why, and the call otherwise stands.
 
@@ -142,6 +142,8 @@ def _copy(path: str, caption: str | None, roots: Sequence[str | os.PathLike], ou
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _Refusal("not_regular")
+        if info.st_nlink > 1:           # a hard link: maybe to a file of ours an unsandboxed skill could reach
+            raise _Refusal("link")
         if info.st_size > MEDIA_SEND_MAX:
             raise _Refusal("too_big")
         name = safe_name(steps[-1])

@@ -54,7 +54,7 @@ FILES_NOTE = "这些文件会在你的回复之后发送给主人"
 FILE_REFUSALS = {
     "outside": "路径不在技能的 HOME 或主人的收件箱中",
     "missing": "文件不存在",
-    "link": "路径含符号链接",
+    "link": "路径含符号链接或文件有硬链接",
     "not_regular": "不是普通文件",
     "too_big": f"文件超过 {MEDIA_SEND_MAX // (1 << 20)} MB",
     "too_many": f"一次最多发送 {MEDIA_SEND_FILES_MAX} 个文件",

@@ -105,18 +105,21 @@ class RefusedFilesTest(MediaOutTestCase):
         self.assertEqual([f.name for f in files], ["ok.png"])
         self.assertEqual(result["files"], [{"name": "ok.png", "size": len(PNG)}])
         self.assertEqual([r["error"] for r in result["files_refused"]], [
-            "未发送：路径不在技能的 HOME 或主人的收件箱中", "未发送：路径含符号链接", "未发送：不是普通文件",
+            "未发送：路径不在技能的 HOME 或主人的收件箱中", "未发送：路径含符号链接或文件有硬链接", "未发送：不是普通文件",
             f"未发送：文件超过 {limits.MEDIA_SEND_MAX >> 20} MB"])
         self.assertEqual(result["files_refused"][0]["path"], "/etc/hostname")
         self.assertEqual(len(self.copies()), 1)             # only ok.png was copied out
 
-    async def test_a_way_out_through_dot_dot_or_a_linked_directory_a_relative_path_and_too_many_files(self):
+    async def test_dot_dot_a_linked_directory_a_relative_path_a_bad_entry_a_hard_link_and_too_many_files(self):
         result = await self.gate.call("owner", "send_files", {"case": "more"}, files=(files := []))
-        self.assertEqual([f.name for f in files], ["ok.png"])
+        self.assertEqual(files, [])
+        self.assertNotIn("files", result)
+        link = "未发送：路径含符号链接或文件有硬链接"
         self.assertEqual([r["error"] for r in result["files_refused"]], [
-            "未发送：路径不在技能的 HOME 或主人的收件箱中", "未发送：路径含符号链接",
-            "未发送：路径不在技能的 HOME 或主人的收件箱中", '未发送：每项应为 {"path": "…", "caption": "…"}',
+            "未发送：路径不在技能的 HOME 或主人的收件箱中", link, "未发送：路径不在技能的 HOME 或主人的收件箱中",
+            '未发送：每项应为 {"path": "…", "caption": "…"}', link,
             f"未发送：一次最多发送 {limits.MEDIA_SEND_FILES_MAX} 个文件（其余 2 个）"])
+        self.assertEqual(self.copies(), [])
         self.assertEqual(os.listdir(self.app.config.run_dir), [])
 
     async def test_a_stored_row_naming_a_file_that_is_no_copy_of_ours_is_never_sent(self):
