@@ -126,6 +126,7 @@ class Gate:
             files.extend(outcome.files)
         elif outcome.files:
             await asyncio.to_thread(outgoing.discard, outcome.files)
+            return results.files_dropped(outcome.result)
         return outcome.result
 
     def _executor(self, skill: Skill) -> Executor:

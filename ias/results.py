@@ -51,6 +51,7 @@ def of_run(run: RunResult) -> dict:
 
 
 FILES_NOTE = "这些文件会在你的回复之后发送给主人"
+FILES_DROPPED = "这些文件没有发送：这里不能发送文件"
 FILE_REFUSALS = {
     "outside": "路径不在技能的 HOME 或主人的收件箱中",
     "missing": "文件不存在",
@@ -76,6 +77,11 @@ def with_files(result: dict, files: tuple[OutFile, ...], refused: tuple[Refused,
             {"path": r.path, "error": "未发送：" + FILE_REFUSALS.get(r.reason, r.reason)
              + (f"（其余 {r.count} 个）" if r.reason == "too_many" else "")} for r in refused]
     return shown
+
+
+def files_dropped(result: dict) -> dict:
+    """A result with files, from a call whose caller cannot send files (`/run`, `ias run`): none was sent."""
+    return {**result, "files_note": FILES_DROPPED}
 
 
 def of_handler(result: dict) -> dict:

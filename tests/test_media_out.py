@@ -1,7 +1,6 @@
 """Files to the owner (issue 26, out): a skill's result naming files, copied out of its run before HOME goes,
 refused when hostile, queued in the outbox after the reply (caption first), held while the window is shut,
 never sent twice across a restart; the approval message's file parameter; the shipped bar_chart skill."""
-import asyncio
 import hashlib
 import json
 import os
@@ -12,8 +11,7 @@ from pathlib import Path
 
 from ias import limits, outgoing
 from ias.approval import render
-from ias.channels.base import SENT, SHUT
-from ias.channels.base import Inbound
+from ias.channels.base import SHUT, Inbound
 from ias.outbox import FILE_TEXT
 from ias.skills import load_skill
 from ias.store import Approval
@@ -86,6 +84,7 @@ class FilesThroughTheTurnTest(MediaOutTestCase):
     async def test_a_caller_that_cannot_send_files_leaves_no_copy(self):
         result = await self.gate.call("owner", "send_files", {"case": "png_pdf"})        # /run, ias run
         self.assertEqual(len(result["files"]), 2)
+        self.assertEqual(result["files_note"], "这些文件没有发送：这里不能发送文件")
         self.assertEqual(self.copies(), [])
 
     async def test_a_file_from_the_inbox_may_be_sent(self):
