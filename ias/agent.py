@@ -84,18 +84,18 @@ class Agent:
         self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
         self.slash = Slash(registry, gate, store)       # the owner's /commands
 
-    async def turn(self, user_id: str, text: str, notify: Notify | None, files: list | None = None) -> str:
-        """Answer one message; `notify` reaches the owner for approvals during the turn; `files` collects the
-        files the turn's skill calls return for the owner (sent after the reply; None: not sent)."""
+    async def turn(self, user_id: str, text: str, notify: Notify | None, *, for_owner: list | None = None) -> str:
+        """Answer one message; `notify` reaches the owner for approvals during the turn; `for_owner` collects
+        the files the turn's skill calls return for the owner (sent after the reply; None: not sent)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/"):
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
-        return await self.chat(user_id, text, notify, files)
+        return await self.chat(user_id, text, notify, for_owner=for_owner)
 
-    async def chat(self, user_id: str, text: str, notify: Notify | None, files: list | None = None) -> str:
+    async def chat(self, user_id: str, text: str, notify: Notify | None, *, for_owner: list | None = None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import KeyRefused, LLMError, ToolsRefused
@@ -103,7 +103,7 @@ class Agent:
         clock = TurnClock(self.turn_timeout)
         try:
             async with clock.deadline():
-                reply = await self._rounds(user_id, text, new, notify, clock, files)
+                reply = await self._rounds(user_id, text, new, notify, clock, for_owner=for_owner)
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
             reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else KEY_REFUSED if isinstance(exc, KeyRefused)
@@ -122,7 +122,7 @@ class Agent:
         return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
-                      clock: TurnClock, files: list | None = None) -> str:
+                      clock: TurnClock, *, for_owner: list | None = None) -> str:
         """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply."""
         history = _window(await self.store.recent_messages(user_id, self.window))
         query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
@@ -142,7 +142,7 @@ class Agent:
                 await self._refuse(user_id, excess)
             for call in answer.tool_calls[:TOOL_CALLS_MAX]:
                 try:
-                    last = await self.gate.call(user_id, call.name, call.arguments, notify, clock, files=files)
+                    last = await self.gate.call(user_id, call.name, call.arguments, notify, clock, for_owner=for_owner)
                 finally:
                     clock.resume()
                 keep[:0] = [*_found(self.registry.get(call.name), last), call.name]

@@ -71,9 +71,9 @@ class Gate:
         self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
-                   turn: TurnBudget | None = None, *, files: list[OutFile] | None = None) -> dict:
+                   turn: TurnBudget | None = None, *, for_owner: list[OutFile] | None = None) -> dict:
         """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
-        `turn` counts the approvals asked for one owner message; `files` collects the files the call returns
+        `turn` counts the approvals asked for one owner message; `for_owner` collects the files the call returns
         for the owner (None: the caller cannot send files, and their copies are removed)."""
         size = results.arguments_size(arguments)
         if size > ARGUMENTS_MAX:                # before any lookup or parsing: nothing of it is kept
@@ -122,8 +122,8 @@ class Gate:
                 self.records.spawn(self._record(call, None), f"end of {name} (cancelled)")
                 raise
             await self.supervisor.shield(self._record(call, outcome), f"end of {name}")
-        if files is not None:
-            files.extend(outcome.files)
+        if for_owner is not None:
+            for_owner.extend(outcome.files)
         elif outcome.files:
             await asyncio.to_thread(outgoing.discard, outcome.files)
             return results.files_dropped(outcome.result)

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
-from .limits import MEDIA_CAPTION_MAX, MEDIA_NAME_MAX, MEDIA_SEND_FILES_MAX, MEDIA_SEND_MAX, STDOUT_TO_LLM
+from .limits import MEDIA_CAPTION_MAX, MEDIA_SEND_NAME_MAX, MEDIA_SEND_FILES_MAX, MEDIA_SEND_MAX, STDOUT_TO_LLM
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +220,13 @@ def _write(fd: int, target: str) -> int:
 
 def safe_name(name: str) -> str:
     """A file name fit to show and to send: no control or invisible characters, no slash, at most
-    MEDIA_NAME_MAX characters (the extension kept)."""
+    MEDIA_SEND_NAME_MAX characters (the extension kept)."""
     name = "".join("_" if unicodedata.category(c).startswith(("C", "Z")) and c != " " or c in "/\\" else c
                    for c in name).strip()
-    if len(name) > MEDIA_NAME_MAX:
+    if len(name) > MEDIA_SEND_NAME_MAX:
         stem, dot, ext = name.rpartition(".")
         ext = dot + ext if dot and len(ext) <= 10 else ""
-        name = name[:MEDIA_NAME_MAX - len(ext)] + ext
+        name = name[:MEDIA_SEND_NAME_MAX - len(ext)] + ext
     return name if name.strip(".") else "file"
 
 

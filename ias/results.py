@@ -42,7 +42,7 @@ def of_run(run: RunResult) -> dict:
         except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
             parsed = None
         if isinstance(parsed, dict) and "success" in parsed:
-            return with_files(parsed, run.files, run.refused) if run.files or run.refused else parsed
+            return files_for_owner(parsed, run.files, run.refused) if run.files or run.refused else parsed
     output, cut = _cut_utf8(run.stdout, STDOUT_TO_LLM)
     result = {"success": True, "output": output}
     if cut or truncated(run):
@@ -64,7 +64,7 @@ FILE_REFUSALS = {
 }
 
 
-def with_files(result: dict, files: tuple[OutFile, ...], refused: tuple[Refused, ...]) -> dict:
+def files_for_owner(result: dict, files: tuple[OutFile, ...], refused: tuple[Refused, ...]) -> dict:
     """A script's result naming `files` as the model sees it: the files taken for the owner (name, size,
     caption; never the private copy's path) and, for each refused one, why (the call otherwise stands)."""
     shown = {key: value for key, value in result.items() if key != "files"}

@@ -72,7 +72,7 @@ class FilesThroughTheTurnTest(MediaOutTestCase):
                                 (FILE_TEXT.format(name="report.pdf"), "sent", True)])
 
     async def test_the_copies_are_private_and_the_run_directory_is_gone(self):
-        result = await self.gate.call("owner", "send_files", {"case": "png_pdf"}, files=(files := []))
+        result = await self.gate.call("owner", "send_files", {"case": "png_pdf"}, for_owner=(files := []))
         self.assertTrue(result["success"])
         self.assertEqual([Path(f.path).read_bytes() for f in files], [PNG, PDF])
         for copy in self.copies():
@@ -91,14 +91,14 @@ class FilesThroughTheTurnTest(MediaOutTestCase):
         photo = self.app.config.inbox / "2026-12-03" / "photo.jpg"
         photo.parent.mkdir(parents=True)
         photo.write_bytes(b"\xff\xd8jpeg")
-        result = await self.gate.call("owner", "send_files", {"case": "inbox", "path": str(photo)}, files=(files := []))
+        result = await self.gate.call("owner", "send_files", {"case": "inbox", "path": str(photo)}, for_owner=(files := []))
         self.assertEqual(result["files"], [{"name": "photo.jpg", "size": 6}])
         self.assertEqual(Path(files[0].path).read_bytes(), b"\xff\xd8jpeg")
 
 
 class RefusedFilesTest(MediaOutTestCase):
     async def test_outside_a_link_out_of_home_a_fifo_and_an_oversized_file_are_refused_and_the_model_told(self):
-        result = await self.gate.call("owner", "send_files", {"case": "hostile"}, files=(files := []))
+        result = await self.gate.call("owner", "send_files", {"case": "hostile"}, for_owner=(files := []))
         self.assertTrue(result["success"])                  # the call stands
         self.assertEqual(result["output"], "done")
         self.assertEqual([f.name for f in files], ["ok.png"])
@@ -110,7 +110,7 @@ class RefusedFilesTest(MediaOutTestCase):
         self.assertEqual(len(self.copies()), 1)             # only ok.png was copied out
 
     async def test_dot_dot_a_linked_directory_a_relative_path_a_bad_entry_a_hard_link_and_too_many_files(self):
-        result = await self.gate.call("owner", "send_files", {"case": "more"}, files=(files := []))
+        result = await self.gate.call("owner", "send_files", {"case": "more"}, for_owner=(files := []))
         self.assertEqual(files, [])
         self.assertNotIn("files", result)
         link = "未发送：路径含符号链接或文件有硬链接"
@@ -214,7 +214,7 @@ class OutgoingRulesTest(GateTestCase):
         self.assertEqual(outgoing.safe_name("图表\n\u202e.png"), "图表__.png")
         self.assertEqual(outgoing.safe_name(".."), "file")
         long = outgoing.safe_name("x" * 300 + ".pdf")
-        self.assertEqual((len(long), long[-4:]), (limits.MEDIA_NAME_MAX, ".pdf"))
+        self.assertEqual((len(long), long[-4:]), (limits.MEDIA_SEND_NAME_MAX, ".pdf"))
 
 
 class ApprovalFileParameterTest(GateTestCase):
@@ -242,7 +242,7 @@ class BarChartSkillTest(GateTestCase):
         skill = load_skill(REPO / "skills" / "bar_chart", "user")
         self.assertFalse(skill.high)
         result = await self.gate.call("owner", "bar_chart", {"values": [3, 5, -2, 8], "title": "本周用电"},
-                                      files=(files := []))
+                                      for_owner=(files := []))
         self.assertTrue(result["success"], result)
         self.assertEqual(result["files"], [{"name": "chart.png", "size": files[0].size, "caption": "本周用电"}])
         data = Path(files[0].path).read_bytes()
