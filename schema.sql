@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7), (8) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7), (8), (9) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -241,3 +241,7 @@ CREATE TABLE IF NOT EXISTS memories (
     confirmed_at timestamptz
 );
 CREATE INDEX IF NOT EXISTS memories_user ON memories (user_id, id);
+
+-- Media out (issue 26): a queued message may be a file a skill returned for the owner, sent through the
+-- channel's file upload: the path of its private copy under $IAS_DATA_DIR/outgoing (`text` names the file).
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS file_path text;

@@ -102,18 +102,21 @@ class Agent:
         self.memory = memory            # the owner's long-term memories: a block of each system prompt
         self.slash = Slash(registry, gate, store, status=status, memory=memory)    # the owner's /commands
 
-    async def turn(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = ()) -> str:
+    async def turn(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
+                   for_owner: list | None = None) -> str:
         """Answer one message (and the files that came with it); `notify` reaches the owner for approvals
-        during the turn."""
+        during the turn; `for_owner` collects the files the turn's skill calls return for the owner (sent
+        after the reply; None: not sent)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/") and not files:
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
-        return await self.chat(user_id, text, notify, files)
+        return await self.chat(user_id, text, notify, files, for_owner=for_owner)
 
-    async def chat(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = ()) -> str:
+    async def chat(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
+                   for_owner: list | None = None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import KeyRefused, LLMError, ToolsRefused
@@ -123,7 +126,7 @@ class Agent:
         try:
             async with clock.deadline():
                 with memory_turn(text):             # the gate marks it tainted; `remember` reads it
-                    reply = await self._rounds(user_id, text, new, notify, clock, current)
+                    reply = await self._rounds(user_id, text, new, notify, clock, current, for_owner=for_owner)
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
             reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else KEY_REFUSED if isinstance(exc, KeyRefused)
@@ -142,7 +145,7 @@ class Agent:
         return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
-                      clock: TurnClock, current: dict | None = None) -> str:
+                      clock: TurnClock, current: dict | None = None, *, for_owner: list | None = None) -> str:
         """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply.
         `current`: the owner's message as sent this turn (with image parts), in place of `new[0]`."""
         history = _window(await self.store.recent_messages(user_id, self.window))
@@ -170,7 +173,7 @@ class Agent:
                 await self._refuse(user_id, excess)
             for call in answer.tool_calls[:TOOL_CALLS_MAX]:
                 try:
-                    last = await self.gate.call(user_id, call.name, call.arguments, notify, clock)
+                    last = await self.gate.call(user_id, call.name, call.arguments, notify, clock, for_owner=for_owner)
                 finally:
                     clock.resume()
                 keep[:0] = [*_found(self.registry.get(call.name), last), call.name]

@@ -119,7 +119,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
         by_name = {channel.name: channel for channel in channels}
         outbox = Outbox(store, by_name, primary.name, Fallback(configured(config)) if fallback is None else fallback,
                         expire=config.outbox_expire, fallback_after=config.fallback_after,
-                        supervisor=supervisor, **({"now": now} if now is not None else {}))
+                        supervisor=supervisor, outgoing=config.outgoing, **({"now": now} if now is not None else {}))
         router = Router(approvals, agent, by_name, primary, outbox, supervisor=supervisor, monitor=monitor)
     return App(config, store, skills, runner, approvals, gate, agent, supervisor, router, outbox, mcp)
 
@@ -148,7 +148,8 @@ def make_runner(config: Config) -> Runner:
     environ = {**{k: v for k, v in config.environ.items() if k != "IAS_DATABASE_URL"},
                "IAS_DATA_DIR": str(config.data_dir.resolve())}
     return Runner(repo_root=config.repo_root, run_dir=config.run_dir, environ=environ,
-                  python=sys.executable, sandbox=sandbox.for_config(config))
+                  python=sys.executable, sandbox=sandbox.for_config(config), outgoing=config.outgoing,
+                  inbox=config.inbox)
 
 
 async def resolve_owner(config: Config, store: Store) -> str:

@@ -38,6 +38,7 @@ from .clock import SYSTEM
 from .errors import ConfigError, StoreError
 from .limits import APPROVALS_PER_TURN, SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from .locks import UserLocks
+from .outgoing import file_note
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
 
@@ -181,7 +182,6 @@ HEADER = "⚠️ 操作确认"
 # The message's own words: a label holding one of them is quoted, so it never reads as the message.
 OWN_WORDS = ("操作确认", "技能", "参数", "确认码", "回复", "取消", "有效", "尝试")
 
-
 UNDECLARED = "未声明参数 "          # before the key of a parameter the schema's `properties` does not declare
 
 
@@ -219,7 +219,7 @@ def render(row: Approval, code: str, timeout: float, parameters: dict | None = N
     declared = [k for k in properties if k in row.params] if isinstance(properties, dict) else []
     lines = [HEADER, "", f"技能：{escape_visible(row.skill_name)[0]}", "参数："]
     for key in declared:
-        lines.append(_line(*_label(str(key), properties[key]), row.params[key]))
+        lines.append(_line(*_label(str(key), properties[key]), row.params[key]) + file_note(properties[key], row.params[key]))
     for key in sorted(k for k in row.params if k not in declared):
         shown, special = escape_visible(str(key)[:WECHAT_TEXT_MAX + 1])
         lines.append(_line(UNDECLARED + shown, special, row.params[key]))

@@ -152,6 +152,7 @@ class Config:
     mcp_cache = _in_data_dir("mcp", "Each MCP server's last tool list (`<skill>.json`).")
     inbox = _in_data_dir("inbox", "What the owner sent (WeChat images, files, voice): `YYYY-MM-DD/` directories, "
                                   "bounded by IAS_INBOX_MAX_MB.")
+    outgoing = _in_data_dir("outgoing", "Private copies of the files skills send the owner, until the outbox sent them.")
 
 
 def absolute(path: str | os.PathLike) -> Path:

@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import jsonschema as schema, results
+from . import jsonschema as schema, outgoing, results
 from .approval import Approvals, Notify, TurnBudget
 from .audit import redact
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .memory import taint
 from .outcome import Executor, Outcome
+from .outgoing import OutFile
 from .processes import alive, identity
 from .registry import Registry
 from .skills import Skill
@@ -71,9 +72,10 @@ class Gate:
         self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
-                   turn: TurnBudget | None = None) -> dict:
+                   turn: TurnBudget | None = None, *, for_owner: list[OutFile] | None = None) -> dict:
         """Call skill `name` for `user_id`; `notify` reaches the owner for an approval (None = cannot ask);
-        `turn` counts the approvals asked for one owner message."""
+        `turn` counts the approvals asked for one owner message; `for_owner` collects the files the call returns
+        for the owner (None: the caller cannot send files, and their copies are removed)."""
         size = results.arguments_size(arguments)
         if size > ARGUMENTS_MAX:                # before any lookup or parsing: nothing of it is kept
             await self.store.audit(AuditEntry("skill_refused", user_id=user_id, skill_name=str(name)[:TOOL_NAME_SHOWN],
@@ -122,6 +124,11 @@ class Gate:
                 self.records.spawn(self._record(call, None), f"end of {name} (cancelled)")
                 raise
             await self.supervisor.shield(self._record(call, outcome), f"end of {name}")
+        if for_owner is not None:
+            for_owner.extend(outcome.files)
+        elif outcome.files:
+            await asyncio.to_thread(outgoing.discard, outcome.files)
+            return results.files_dropped(outcome.result)
         return outcome.result
 
     def _executor(self, skill: Skill) -> Executor:

@@ -193,3 +193,10 @@ MEMORY_PER_USER_MAX = 20_000        # memories one user may keep; `remember` ref
 MEMORY_LIST_MAX = 20                # memories /memory shows, newest first
 MEMORY_LIST_TEXT = 200              # characters of each memory /memory shows
 MEMORY_SAID_MAX = 500               # characters kept of the owner's message of the turn a memory came from
+
+# Files a skill sends the owner (SPEC 13, out; ias/outgoing.py)
+MEDIA_SEND_MAX = 25 * 1024 * 1024   # bytes of one file a skill returns; a larger one is refused (the model told)
+MEDIA_SEND_FILES_MAX = 5            # files one skill result may send; the rest are refused
+MEDIA_SEND_NAME_MAX = 100           # characters of a sent file's name kept (the rest of a longer name is cut)
+MEDIA_CAPTION_MAX = 1000            # characters of a file's caption kept (sent as a text message before the file)
+OUTGOING_KEEP = 3600.0              # seconds an outgoing copy no queued message names is kept before it is removed

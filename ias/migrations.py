@@ -283,8 +283,14 @@ CREATE TABLE memories (
 CREATE INDEX memories_user ON memories (user_id, id);
 """
 
+# Version 9 (media out, issue 26): a queued message may be a file a skill returned for the owner: the path of
+# its private copy (ias/outgoing.py); `text` then names the file (what `ias outbox` shows).
+_OUTBOX_FILES = """
+ALTER TABLE outbox ADD COLUMN file_path text;
+"""
+
 MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _INBOUND_FILES,
-                                _MEMORIES)
+                                _MEMORIES, _OUTBOX_FILES)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

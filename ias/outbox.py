@@ -18,6 +18,13 @@ WeChat's window and per-message budget; the note rule is `channels.base.budget`,
   message goes through.
 Task runs record delivery (`delivered|queued|fallback|expired`) from their parts.
 
+Files a turn's skills returned (ias/outgoing.py) are queued with its reply, after the text: each file's
+caption as a text part, then the file as a part of its own (`file_path`: its private copy), sent with the
+channel's `send_file` under its client_id and counted as one message, like a text part, in every rule
+above except the fallback (a file waits for the channel, or expires). Only a copy `outgoing.own` accepts
+is sent (a stored path is hostile too); copies no queued part names are removed by `tick` once
+OUTGOING_KEEP old (sent, expired, or left by a failed turn).
+
 Confirmation codes never enter the table: `urgent()` sends a code message at once, or holds
 it in memory until the owner writes (the fallback notifiers get a notice without the code).
 The window keeper (`tick`) spends one message per window asking the owner to write when a
@@ -38,15 +45,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
-from typing import Awaitable, Callable
+from pathlib import Path
+from typing import Awaitable, Callable, Sequence
 
-from . import limits
-from .channels.base import SENT, SHUT, UNKNOWN, Channel, budget, capped, split_text
+from . import limits, outgoing
+from .channels.base import FAILED, SENT, SHUT, UNKNOWN, Channel, budget, capped, split_text
 from .clock import SYSTEM
 from .errors import StoreError
 from .notifiers import Fallback
@@ -63,6 +72,7 @@ TITLES = {"reminder": "iAs 提醒", "task": "iAs 定时任务", "notice": "iAs �
 FALLBACK_KINDS = ("reminder", "task")
 BACKLOG_NOTE = "还有 {count} 条消息待发送，回复「继续」查看"
 IN_DOUBT = "in doubt: sent without an answer"       # the reason of a part whose request may have landed
+FILE_TEXT = "[文件] {name}"                           # a file part's text: what `ias outbox` shows of it
 
 
 def retry_delay(attempts: int) -> float:
@@ -94,8 +104,11 @@ class Outbox:
                  now: Callable[[], datetime] = SYSTEM.now, expire: float = limits.OUTBOX_EXPIRE,
                  fallback_after: float = limits.FALLBACK_AFTER,
                  tick: float = limits.OUTBOX_TICK, on_store_error: Callable[[StoreError], Awaitable[None]] | None = None,
-                 monotonic: Callable[[], float] = SYSTEM.monotonic, supervisor: Supervisor | None = None):
+                 monotonic: Callable[[], float] = SYSTEM.monotonic, supervisor: Supervisor | None = None,
+                 outgoing: Path | None = None, wall: Callable[[], float] = time.time):
         self.store = store
+        self.outgoing = outgoing        # where the files to send are (None: no file is ever sent)
+        self.wall = wall                # against the copies' mtimes
         self.supervisor = supervisor or Supervisor()     # None: one of its own (tests)
         self.channels = channels
         self.primary = primary
@@ -115,18 +128,27 @@ class Outbox:
 
     # -- queueing and delivering ------------------------------------------------------------
     async def send(self, user_id: str, text: str, channel: str | None = None, kind: str = "reply", *,
-                   due: datetime | None = None, run_id: int | None = None, inbound_id: int | None = None) -> str:
+                   due: datetime | None = None, run_id: int | None = None, inbound_id: int | None = None,
+                   files: Sequence[outgoing.OutFile] = ()) -> str:
         """Queue `text` for the owner, then deliver what can go now: 'delivered', 'queued' or 'empty'.
         A 'reply' is the answer to the owner's latest message: it goes before everything that waits.
-        `inbound_id`: the message it answers, marked handled in the same transaction as the queueing."""
+        `inbound_id`: the message it answers, marked handled in the same transaction as the queueing.
+        `files`: sent after the text, each after its caption (see the module docstring)."""
         name = channel or self.primary
         target = self.channels.get(name)
-        parts = capped(split_text(text, target.text_max if target is not None else None))
+        limit = target.text_max if target is not None else None
+        parts: list[tuple[str, ...]] = [(part,) for part in capped(split_text(text, limit))]
+        for item in files[:limits.OUTBOX_PARTS_MAX]:
+            parts += [(part,) for part in split_text(item.caption or "", limit)]
+            parts.append((FILE_TEXT.format(name=item.name), item.path))
+        if len(files) > limits.OUTBOX_PARTS_MAX:
+            log.warning("outbox: %d files for %s were not queued (at most %d a message)",
+                        len(files) - limits.OUTBOX_PARTS_MAX, user_id, limits.OUTBOX_PARTS_MAX)
         if not parts:
             return "empty"
         now = self.now()
         message = f"ias-{uuid.uuid4().hex}"
-        rows = await self.store.enqueue(user_id, name, kind, [(part, f"{message}.{i}") for i, part in
+        rows = await self.store.enqueue(user_id, name, kind, [(part[0], f"{message}.{i}", *part[1:]) for i, part in
                                                                enumerate(parts, 1)], now, due or now, run_id,
                                        inbound_id)
         try:
@@ -219,8 +241,16 @@ class Outbox:
         """The request for one part, marked in doubt first (until OUTBOX_UNKNOWN_WAIT from now: a process
         that dies before the answer is recorded does not send it again sooner), then its outcome."""
         now = self.now()
+        if row.file_path is not None and (self.outgoing is None or not outgoing.own(row.file_path, self.outgoing)):
+            log.error("outbox: part %s names a file that is no copy of ours (%r): not sent", row.client_id,
+                      row.file_path)
+            await self.store.settle([row.id], "expired", now, "file refused")
+            return FAILED
         await self.store.note_failure(row.id, IN_DOUBT, now + timedelta(seconds=limits.OUTBOX_UNKNOWN_WAIT))
-        outcome = await channel.post(row.user_id, row.text, row.client_id)
+        if row.file_path is None:
+            outcome = await channel.post(row.user_id, row.text, row.client_id)
+        else:
+            outcome = await channel.send_file(row.user_id, Path(row.file_path), None, row.client_id)
         if outcome == SENT:
             self._unsettled[row.id] = self.now()
             await self._settle_sent()
@@ -246,7 +276,8 @@ class Outbox:
         written there, for the log); returns the rows left for the channel alone."""
         left = []
         for row in rows:
-            if row.kind in FALLBACK_KINDS and await self.fallback.send(TITLES[row.kind], row.text, row.kind):
+            if row.kind in FALLBACK_KINDS and row.file_path is None \
+                    and await self.fallback.send(TITLES[row.kind], row.text, row.kind):
                 await self.store.settle([row.id], "fallback", self.now(), "fallback")
                 await self.channels[row.channel].post(row.user_id, row.text, row.client_id)
             else:
@@ -333,13 +364,23 @@ class Outbox:
         for user_id in sorted({row.user_id for row in queued}):
             await self.flush(user_id)
         await self._keep_windows(now)
+        await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Remove the file copies no queued part names any more, once OUTGOING_KEEP old."""
+        if self.outgoing is None:
+            return
+        named = {row.file_path for row in await self.store.queued() if row.file_path is not None}
+        removed = await asyncio.to_thread(outgoing.sweep, self.outgoing, named, self.wall(), limits.OUTGOING_KEEP)
+        if removed:
+            log.info("outbox: removed %d file copies that are sent, expired or were never queued", removed)
 
     async def _fall_back(self, queued: list[OutboxRow], now: datetime) -> list[OutboxRow]:
         """Hand overdue reminders and task results to the fallback notifiers; returns what stays queued."""
         deadline = now - timedelta(seconds=self.fallback_after)
         overdue: dict[str, list[OutboxRow]] = {}
         for row in queued:
-            if row.kind in FALLBACK_KINDS and row.due_at <= deadline \
+            if row.kind in FALLBACK_KINDS and row.file_path is None and row.due_at <= deadline \
                     and (row.next_try_at is None or row.next_try_at <= now):
                 overdue.setdefault(row.client_id.rsplit(".", 1)[0], []).append(row)
         done: set[int] = set()

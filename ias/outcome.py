@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .outgoing import OutFile, Refused
 from .skills import Skill
 
 
@@ -29,6 +30,7 @@ class Outcome:
     truncated: bool = False        # the model sees less than the call produced
     timed_out: bool = False        # ended by the skill's timeout
     exit_code: int | None = None   # a script's exit status (negative = killed by that signal); None: no process ran
+    files: tuple[OutFile, ...] = ()    # files for the owner, copied out of the run (only a script returns files)
 
     @property
     def success(self) -> bool:
@@ -54,6 +56,8 @@ class RunResult:
     duration: float              # seconds from spawn to the end of the run
     output_size: int             # stdout bytes seen, held or not
     started_at: float            # time.monotonic() right after the spawn
+    files: tuple[OutFile, ...] = ()      # the files its result named that were copied out (outgoing.take)
+    refused: tuple[Refused, ...] = ()    # and those that were not, with why
 
 
 class Executor(Protocol):

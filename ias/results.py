@@ -19,11 +19,12 @@ import base64
 import json
 from typing import TYPE_CHECKING
 
-from .limits import (ARGUMENTS_MAX, ERROR_TAIL, OUTPUT_HELD_MAX, STDOUT_TO_LLM, TOOL_CALLS_MAX, TOOL_NAME_SHOWN,
-                     TOOL_RESULT_MAX)
+from .limits import (ARGUMENTS_MAX, ERROR_TAIL, MEDIA_SEND_FILES_MAX, MEDIA_SEND_MAX, OUTPUT_HELD_MAX, STDOUT_TO_LLM,
+                     TOOL_CALLS_MAX, TOOL_NAME_SHOWN, TOOL_RESULT_MAX)
 
 if TYPE_CHECKING:
     from .outcome import RunResult
+    from .outgoing import OutFile, Refused
 
 
 def of_run(run: RunResult) -> dict:
@@ -42,12 +43,46 @@ def of_run(run: RunResult) -> dict:
         except (ValueError, RecursionError):      # not JSON, or nested too deeply to parse: plain output
             parsed = None
         if isinstance(parsed, dict) and "success" in parsed:
-            return parsed
+            return files_for_owner(parsed, run.files, run.refused) if run.files or run.refused else parsed
     output, cut = _cut_utf8(run.stdout, STDOUT_TO_LLM)
     result = {"success": True, "output": output}
     if cut or truncated(run):
         result["truncated"] = True
     return result
+
+
+FILES_NOTE = "这些文件会在你的回复之后发送给主人"
+FILES_DROPPED = "这些文件没有发送：这里不能发送文件"
+FILE_REFUSALS = {
+    "outside": "路径不在技能的 HOME 或主人的收件箱中",
+    "missing": "文件不存在",
+    "link": "路径含符号链接或文件有硬链接",
+    "not_regular": "不是普通文件",
+    "too_big": f"文件超过 {MEDIA_SEND_MAX // (1 << 20)} MB",
+    "too_many": f"一次最多发送 {MEDIA_SEND_FILES_MAX} 个文件",
+    "bad_entry": '每项应为 {"path": "…", "caption": "…"}',
+    "failed": "文件无法读取",
+}
+
+
+def files_for_owner(result: dict, files: tuple[OutFile, ...], refused: tuple[Refused, ...]) -> dict:
+    """A script's result naming `files` as the model sees it: the files taken for the owner (name, size,
+    caption; never the private copy's path) and, for each refused one, why (the call otherwise stands)."""
+    shown = {key: value for key, value in result.items() if key != "files"}
+    if files:
+        shown["files"] = [{"name": f.name, "size": f.size, **({"caption": f.caption} if f.caption else {})}
+                          for f in files]
+        shown["files_note"] = FILES_NOTE
+    if refused:
+        shown["files_refused"] = [
+            {"path": r.path, "error": "未发送：" + FILE_REFUSALS.get(r.reason, r.reason)
+             + (f"（其余 {r.count} 个）" if r.reason == "too_many" else "")} for r in refused]
+    return shown
+
+
+def files_dropped(result: dict) -> dict:
+    """A result with files, from a call whose caller cannot send files (`/run`, `ias run`): none was sent."""
+    return {**result, "files_note": FILES_DROPPED}
 
 
 def of_handler(result: dict) -> dict:

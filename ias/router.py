@@ -119,10 +119,12 @@ class Router:
                 arrival.release()       # in line for its turn: the next message may look things up
                 if place is not None:
                     async with place:
-                        reply = await self._patiently(lambda: self._handle(recorded, channel), recorded, channel)
+                        for_owner: list = []        # the turn's files for the owner, queued after its reply
+                        reply = await self._patiently(lambda: self._handle(recorded, channel, for_owner), recorded,
+                                                      channel)
                         if reply:       # kept through an outage: the turn is not run again for it
                             await self._patiently(lambda: self.outbox.send(
-                                recorded.user_id, reply, channel.name, inbound_id=recorded.inbound_id),
+                                recorded.user_id, reply, channel.name, inbound_id=recorded.inbound_id, files=for_owner),
                                 recorded, channel)
                 await self._finish(recorded)        # when no reply marked it handled already
         except asyncio.CancelledError:
@@ -204,24 +206,26 @@ class Router:
             return None
         return self._turns.place(message.user_id)
 
-    async def _handle(self, message: Inbound, channel: Channel) -> str:
+    async def _handle(self, message: Inbound, channel: Channel, for_owner: list | None = None) -> str:
         """In the user's turn, the reply (queued by the caller before the next turn starts, so replies keep
         their order): a code-shaped message is intercepted (nothing was pending when it came, and a code
         never reaches the model); anything else is an agent turn."""
         if parse_reply(message.text) == "code":
             return NOTHING_PENDING
         async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
-            return await self._agent_turn(message.user_id, message.text, channel, message.attachments)
+            return await self._agent_turn(message.user_id, message.text, channel, message.attachments,
+                                          for_owner=for_owner)
 
-    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
+    async def turn(self, user_id: str, text: str, channel: Channel, *, for_owner: list | None = None) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
         to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
         so turns side by side do not interleave it; approvals queue per user)."""
         async with self._task_turns.hold(user_id):
-            return await self._agent_turn(user_id, text, channel)
+            return await self._agent_turn(user_id, text, channel, for_owner=for_owner)
 
-    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=()) -> str:
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=(), *,
+                          for_owner: list | None = None) -> str:
         """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
@@ -229,7 +233,7 @@ class Router:
                 return False
             return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
-        return await self.agent.turn(user_id, text, notify, files)
+        return await self.agent.turn(user_id, text, notify, files, for_owner=for_owner)
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
@@ -237,10 +241,11 @@ class Router:
         Sent through the outbox: what the channel cannot take now waits there (and may go to the
         fallback notifiers); the run's delivery column says which.
         """
+        for_owner: list = []
         text = task.text if task.kind == "reminder" else await self.turn(
-            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary)
+            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary, for_owner=for_owner)
         await self.outbox.send(task.user_id, text, self.primary.name, "reminder" if task.kind == "reminder" else "task",
-                               due=task.next_run_at, run_id=run_id)
+                               due=task.next_run_at, run_id=run_id, files=for_owner)
         return text
 
     async def deliver(self, message: Inbound) -> None:

@@ -25,6 +25,7 @@ Handled, and why:
   what a dead daemon's runs left running. Where `setpriv` exists, bash runs with
   PR_SET_PDEATHSIG=SIGKILL: if the daemon dies, the group leader dies with it at once.
   (The /proc and process-group primitives live in processes.py.)
+- Files a result names for the owner are copied out before HOME goes (outgoing.py; HOME is then on disk).
 - `execute` reports the process's facts (`RunResult`); `run`, the executor interface
   (outcome.py), turns them into the model's result (results.of_run) and the audit's facts.
 - Environment limits: Linux caps one environment string at 128 KiB and cannot carry
@@ -85,7 +86,7 @@ from .limits import (
     REAP_WAIT,
     STDERR_HELD_MAX,
 )
-from . import results
+from . import outgoing, results
 from .outcome import Outcome, RunResult
 from .processes import end_leftovers, group_alive, identity, pdeathsig, remove_tree, signal_group, terminate
 from .sandbox import Policy, Sandbox, with_trust_store
@@ -172,8 +173,10 @@ class Runner:
     """Spawns skills and keeps track of the ones running, so shutdown can end them."""
 
     def __init__(self, *, repo_root: Path, run_dir: Path, environ: Mapping[str, str] | None = None,
-                 python: str = sys.executable, kill_grace: float = KILL_GRACE, sandbox: Sandbox | None = None):
+                 python: str = sys.executable, kill_grace: float = KILL_GRACE, sandbox: Sandbox | None = None,
+                 outgoing: Path | None = None, inbox: Path | None = None):
         self._repo_root = os.path.abspath(repo_root)
+        self._outgoing, self._inbox = outgoing, inbox      # files a result names: copied to, and also taken from
         self._run_dir = Path(os.path.abspath(run_dir))
         self.sandbox = sandbox or Sandbox(repo_root=self._repo_root, data_dir=self._run_dir.parent, python=python)
         self._environ = os.environ if environ is None else environ
@@ -196,7 +199,8 @@ class Runner:
         """The executor interface: run script skill `skill` and report its Outcome (`user` plays no part)."""
         run = await self.execute(skill, params)
         return Outcome(skill.name, results.of_run(run), duration=run.duration, output_size=run.output_size,
-                       truncated=results.truncated(run), timed_out=run.timed_out, exit_code=run.exit_code)
+                       truncated=results.truncated(run), timed_out=run.timed_out, exit_code=run.exit_code,
+                       files=run.files)
 
     async def execute(self, skill: Skill, params: dict, *, timeout: float | None = None) -> RunResult:
         """Run `skill` with `params` (defaults already applied), wait for it to end; the process's facts."""
@@ -232,7 +236,8 @@ class Runner:
                 bash = shutil.which("bash", path=env["PATH"])    # said here: setpriv/bwrap would use words of their own
                 if bash is None:
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "bash")
-                argv, entry.sandboxed = self._contained([bash, "-c", skill.execute], skill.sandbox, directory, home, env)
+                argv, entry.sandboxed = self._contained([bash, "-c", skill.execute], skill.sandbox, directory, home, env,
+                                                        keep_home=self._outgoing is not None)
                 transport, _ = await asyncio.get_running_loop().subprocess_exec(
                     lambda: output, *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     cwd=directory, env=env, start_new_session=True)
@@ -250,6 +255,8 @@ class Runner:
                 duration = time.monotonic() - started
             finally:
                 transport.close()
+            ended = transport.get_returncode() == 0 and not timed_out and not output.overflowed
+            taken = await outgoing.collect(bytes(output.stdout), output.stdout_size, ended, (home, self._inbox), self._outgoing)
         finally:
             if home is not None:
                 await remove_tree(home)
@@ -261,7 +268,7 @@ class Runner:
             stdout=output.stdout.decode("utf-8", "replace"),
             stderr=_lstrip_partial(output.stderr).decode("utf-8", "replace"),
             timed_out=timed_out, overflowed=output.overflowed, timeout=limit,
-            duration=duration, output_size=output.stdout_size, started_at=started)
+            duration=duration, output_size=output.stdout_size, started_at=started, files=taken[0], refused=taken[1])
         log.info("skill %s ended: exit %s in %.3fs, %d bytes out%s%s", skill.name, result.exit_code,
                  result.duration, result.output_size, ", timed out" if timed_out else "",
                  ", overflowed" if output.overflowed else "")
@@ -306,7 +313,7 @@ class Runner:
             raise
 
     def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,
-                   env: dict[str, str]) -> tuple[list[str], bool]:
+                   env: dict[str, str], keep_home: bool = False) -> tuple[list[str], bool]:
         """`argv` as spawned: in the sandbox (SPEC 10), unless `- unconfined` or the host has no full level;
         and whether it is. Raises PermissionError for a policy that may not run (a path inside the data dir)."""
         if policy.unconfined or not self.sandbox.level().full:
@@ -315,7 +322,9 @@ class Runner:
         refused = self.sandbox.refused(policy)
         if refused:
             raise PermissionError(errno.EACCES, refused)
-        return self.sandbox.command(argv, policy, directory=directory, home=home), True
+        if keep_home and self.sandbox.root:
+            os.chown(home, *self.sandbox.account())
+        return self.sandbox.command(argv, policy, directory=directory, home=home, keep_home=keep_home), True
 
     def _environment(self, skill: Skill, params: dict, text: str, directory: str, home: str) -> dict[str, str]:
         """The child's whole environment, built from nothing."""

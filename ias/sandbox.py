@@ -4,7 +4,9 @@ A skill runs inside bubblewrap (`bwrap`) with fresh ipc, pid, net, uts and cgrou
 filesystem made of read-only system parts only: `/usr` and the `/bin` `/lib*` `/sbin` links, `/etc`
 with its secrets masked, the Python that runs iAs and its venv, the `ias_skill` helper, the skill's
 own directory (read-only), a private HOME at the run directory's path and a private `/tmp` (both
-tmpfs, gone with the call), `/dev` (null, urandom, …) and a `/proc` of its own pid namespace.
+tmpfs, gone with the call; a skill run whose result may send files gets the host's run directory
+bound as HOME instead, removed by the runner after the call: disk, not memory, bounds it then),
+`/dev` (null, urandom, …) and a `/proc` of its own pid namespace.
 Nothing of `$IAS_DATA_DIR`, the repository, ias.toml, the secret key or the database socket exists
 in there. `## Sandbox` adds the network (`- network`: the host's network namespace) and paths
 (`- read: PATH`, `- write: PATH`); `- unconfined` (High skills only) runs without any of this.
@@ -199,10 +201,13 @@ class Sandbox:
                     return f"sandbox path {path} overlaps {what}"
         return None
 
-    def command(self, argv: list[str], policy: Policy, *, directory: str, home: str | None) -> list[str]:
-        """`argv` wrapped in the sandbox `policy` describes, run in `directory` with a private HOME at `home`."""
+    def command(self, argv: list[str], policy: Policy, *, directory: str, home: str | None,
+                keep_home: bool = False) -> list[str]:
+        """`argv` wrapped in the sandbox `policy` describes, run in `directory` with a private HOME at `home`
+        (a tmpfs; `keep_home`: the host's directory there, bound writable, so files left in it outlive the
+        sandbox until the runner removes it)."""
         args = list(self._namespaces(policy))
-        args += self._filesystem(policy, directory, home)
+        args += self._filesystem(policy, directory, home, keep_home)
         args += ["--chdir", directory, "--"]          # bwrap also sets PWD (to `directory`), as bash would
         if self.root:
             uid, gid = self.account()
@@ -220,7 +225,7 @@ class Sandbox:
         return ["--unshare-all", "--unshare-user", *(["--share-net"] if policy.network else []), "--disable-userns",
                 "--die-with-parent"]
 
-    def _filesystem(self, policy: Policy, directory: str, home: str | None) -> list[str]:
+    def _filesystem(self, policy: Policy, directory: str, home: str | None, keep_home: bool = False) -> list[str]:
         """Mount arguments: the system parts, then every other mount in path order, parents made 0755."""
         if self._base is None:
             self._base = self._system()
@@ -231,7 +236,9 @@ class Sandbox:
             mounts.append((path, ["--ro-bind-try", path, path]))
         for path in map(expand, policy.write):
             mounts.append((path, ["--bind-try", path, path]))
-        if home is not None:
+        if home is not None and keep_home:
+            mounts.append((home, ["--bind", home, home]))
+        elif home is not None:
             mounts.append((home, ["--size", str(SANDBOX_TMPFS_MAX), "--perms", "1777" if self.root else "0700",
                                   "--tmpfs", home]))
         if policy.network:

@@ -467,12 +467,13 @@ def capture_logs(test: unittest.TestCase) -> list[logging.LogRecord]:
 
 class FakeChannel(Channel):
     """A channel without a window whose posts are recorded (and can be refused: FAILED); `wait_for()` waits
-    for one."""
+    for one. Files are recorded in `files` as (user, name, bytes, caption, texts sent before it)."""
 
     def __init__(self, name: str = "fake", deliver: bool = True):
         self.name = name
         self.deliver = deliver
         self.sent: list[tuple[str, str]] = []
+        self.files: list[tuple[str, str, bytes, str | None, int]] = []
         self._arrived = asyncio.Condition()
 
     async def start(self, deliver) -> None:
@@ -486,6 +487,16 @@ class FakeChannel(Channel):
             self.sent.append((user_id, text))
             self._arrived.notify_all()
         return SENT if self.deliver else FAILED
+
+    async def send_file(self, user_id: str, path: Path, caption: str | None, client_id: str) -> str:
+        if not self.deliver:
+            return FAILED
+        async with self._arrived:
+            if caption:
+                self.sent.append((user_id, caption))
+            self.files.append((user_id, path.name, path.read_bytes(), caption, len(self.sent)))
+            self._arrived.notify_all()
+        return SENT
 
     async def wait_for(self, needle: str, timeout: float = 10) -> str:
         """The first sent text containing `needle` (waiting for it if need be)."""

@@ -4,7 +4,10 @@ ias/channels/base.py (text splitting, the send budget) that the outbox and direc
 import ast
 import asyncio
 import io
+import shutil
+import tempfile
 import unittest
+from pathlib import Path
 
 from ias import limits
 from ias.channels.base import FAILED, SENT, SHUT, UNKNOWN, Channel, Window, budget, capped, split_text
@@ -124,6 +127,37 @@ class ChannelContract:
             self.assertTrue(all(len(part) <= channel.text_max for part in parts))
 
 
+class FileContract:
+    """`send_file`, for a case of ChannelContract that also provides `files_arrived()`: the (name, bytes) of
+    each file the other end got, in order. (The WeChat case mixes it in with the CDN upload, issue 26.)"""
+
+    def files_arrived(self) -> list[tuple[str, bytes]]:
+        raise NotImplementedError
+
+    def a_file(self, name: str, data: bytes) -> Path:
+        directory = Path(tempfile.mkdtemp(prefix="ias-channel-file-"))
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = directory / name
+        path.write_bytes(data)
+        return path
+
+    async def test_send_file_outcomes(self):
+        channel = await self.make()
+        png = self.a_file("图表.png", b"\x89PNG\r\n\x1a\n" + bytes(200))
+        self.assertEqual(await channel.send_file(self.user, png, None, "ias-contract-file-1"), SENT)
+        self.assertEqual(self.files_arrived()[-1], ("图表.png", png.read_bytes()))
+        self.refuse()
+        self.assertIn(await channel.send_file(self.user, png, None, "ias-contract-file-2"), (SHUT, FAILED, UNKNOWN))
+
+    async def test_a_caption_goes_first_as_a_text_of_its_own(self):
+        channel = await self.make()
+        pdf = self.a_file("report.pdf", b"%PDF-1.4\n%%EOF\n")
+        texts = len(self.arrived())
+        self.assertEqual(await channel.send_file(self.user, pdf, "本月报告", "ias-contract-file-3"), SENT)
+        self.assertEqual(self.arrived()[texts], "本月报告")
+        self.assertEqual(self.files_arrived()[-1], ("report.pdf", pdf.read_bytes()))
+
+
 class _Writes(io.StringIO):
     """A stdout that remembers each write (one per part) and can be closed under the console."""
 
@@ -136,8 +170,13 @@ class _Writes(io.StringIO):
         return super().write(text)
 
 
-class ConsoleContractTest(ChannelContract, unittest.IsolatedAsyncioTestCase):
+class ConsoleContractTest(ChannelContract, FileContract, unittest.IsolatedAsyncioTestCase):
     user = "owner"
+
+    def files_arrived(self) -> list[tuple[str, bytes]]:
+        paths = [Path(line.removeprefix("[文件] ")) for line in self.arrived() if line.startswith("[文件] ")]
+        self.assertTrue(all(path.is_absolute() for path in paths))
+        return [(path.name, path.read_bytes()) for path in paths]
 
     async def make(self) -> Channel:
         self.stdout = _Writes()
@@ -150,8 +189,11 @@ class ConsoleContractTest(ChannelContract, unittest.IsolatedAsyncioTestCase):
         return [text.removesuffix("\n") for text in self.stdout.writes]
 
 
-class FakeChannelContractTest(ChannelContract, unittest.IsolatedAsyncioTestCase):
+class FakeChannelContractTest(ChannelContract, FileContract, unittest.IsolatedAsyncioTestCase):
     user = "owner"
+
+    def files_arrived(self) -> list[tuple[str, bytes]]:
+        return [(name, data) for _, name, data, _, _ in self.channel.files]
 
     async def make(self) -> Channel:
         self.channel = FakeChannel("fake")

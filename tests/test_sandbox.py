@@ -222,7 +222,8 @@ class SandboxSectionTest(unittest.TestCase):
     def test_shipped_skills_declare_what_they_need(self):
         reg = load_registry(REPO / "resources" / "skills", REPO / "skills")
         declared = {s.name: s.sandbox.describe() for s in reg if not s.builtin}
-        self.assertEqual(declared, {"email": "network", "execute_shell": "unconfined", "get_current_datetime": "default",
+        self.assertEqual(declared, {"bar_chart": "default", "email": "network", "execute_shell": "unconfined",
+                                    "get_current_datetime": "default",
                                     "query_qweather": "network", "query_weather": "network",
                                     "search_tavily": "network", "search_web": "network", "start_pc": "network"})
 

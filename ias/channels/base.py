@@ -4,11 +4,13 @@ What the outbox and the router need from a channel is here, with honest defaults
 that takes everything at once (the console): `room` (how many messages may go now: the one place
 that decides), `window` (the send window, None without one), `mark_asked`, `budget_note`, `post`
 (one part under a client id), `send` (a direct, unqueued send within the same budget), `can_confirm`.
-A subclass implements `start`, `stop` and `post`; a channel with a window or a budget overrides
-`room`, `window` and `mark_asked` and sets `budget_note`.
+A subclass implements `start`, `stop`, `post` and `send_file` (one file under a client id, the same
+outcomes as `post`); a channel with a window or a budget overrides `room`, `window` and `mark_asked` and
+sets `budget_note`.
 
 `split_text` and `capped` cut a text into parts for the outbox and for direct sends; `budget` is the
-send-budget rule both apply. Not handled: media, several recipients per message, rich text.
+send-budget rule both apply. Not handled: several recipients per message, rich text, files sent other
+than through the outbox (there is no direct `send` of a file).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import logging
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from .. import limits
@@ -118,6 +121,13 @@ class Channel(ABC):
     @abstractmethod
     async def post(self, user_id: str, text: str, client_id: str) -> str:
         """Send one part (at most `text_max` characters) under `client_id`: SENT, SHUT, FAILED or UNKNOWN."""
+
+    @abstractmethod
+    async def send_file(self, user_id: str, path: Path, caption: str | None, client_id: str) -> str:
+        """Send the file at `path` (a private copy that stays until this returns; its name is the file's name
+        to show) under `client_id`: SENT, SHUT, FAILED or UNKNOWN, exactly as `post`, and counted as one
+        message against the budget when SENT or UNKNOWN. A `caption` goes first as a text message of its own
+        (the outbox queues captions as text parts and passes None, so each counts as one message)."""
 
     async def send(self, user_id: str, text: str) -> bool:
         """Send `text` now, unqueued, in parts of `text_max`: True once every part was sent. It goes whole or

@@ -8,7 +8,8 @@ byte, a cut multi-byte character) costs a character, never the console.
 It has no window and no budget (the `Channel` defaults): everything is printed at once. As the daemon's
 console (`prompt=True`) on a terminal it shows a one-line hint at start and a prompt after each reply.
 `/exit` (anywhere) and the end of input on a terminal (Ctrl-D) set `ended`: the daemon stops. The end
-of a pipe does not (under systemd stdin is /dev/null). Not handled: several users, line editing,
+of a pipe does not (under systemd stdin is /dev/null). A file is shown as its caption and its path
+(`[文件] /abs/path`, the outgoing copy). Not handled: several users, line editing,
 anything printed before a restart (not `resumable`).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from pathlib import Path
 from typing import TextIO
 
 from .base import FAILED, SENT, Channel, Deliver, Inbound
@@ -23,6 +25,7 @@ from .base import FAILED, SENT, Channel, Deliver, Inbound
 HINT = "输入消息与 iAs 对话；/help 查看命令，/exit 退出。"
 PROMPT = "> "
 EXIT_COMMANDS = ("/exit", "/quit")
+FILE_LINE = "[文件] {path}"
 
 
 class ConsoleChannel(Channel):
@@ -97,6 +100,12 @@ class ConsoleChannel(Channel):
     async def post(self, user_id: str, text: str, client_id: str) -> str:
         prompt = PROMPT if self._prompt and self.interactive() else ""
         return SENT if self._write(text.rstrip("\n") + "\n" + prompt) else FAILED
+
+    async def send_file(self, user_id: str, path: Path, caption: str | None, client_id: str) -> str:
+        """The caption, then the file's absolute path (the copy is kept a while: `outgoing.sweep`)."""
+        if caption and await self.post(user_id, caption, client_id) != SENT:
+            return FAILED
+        return await self.post(user_id, FILE_LINE.format(path=path.absolute()), client_id)
 
     def _write(self, text: str) -> bool:
         try:

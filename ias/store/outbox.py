@@ -24,18 +24,18 @@ _SETTLE_RUNS = (
 class Outbox(Pool):
     """The outbox's queries: the parts of each message to the owner, and the runs they deliver."""
 
-    async def enqueue(self, user_id: str, channel: str, kind: str, parts: list[tuple[str, str]], now: datetime,
+    async def enqueue(self, user_id: str, channel: str, kind: str, parts: list[tuple[str, ...]], now: datetime,
                       due_at: datetime, task_run_id: int | None = None,
                       inbound_id: int | None = None) -> list[OutboxRow]:
-        """Queue the parts of one message ((text, client_id) each, in order), and mark its run queued and
-        the inbound message it answers handled."""
+        """Queue the parts of one message ((text, client_id) each, or (text, client_id, file path) for a file,
+        in order), and mark its run queued and the inbound message it answers handled."""
         async with self._tx() as conn:
             rows = []
-            for text, client_id in parts:
+            for text, client_id, *file_path in parts:
                 cur = await conn.execute(
-                    f"INSERT INTO outbox (user_id, channel, kind, text, client_id, created_at, due_at, task_run_id) "
-                    f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_OUTBOX_FIELDS}",
-                    (user_id, channel, kind, text, client_id, now, due_at, task_run_id))
+                    f"INSERT INTO outbox (user_id, channel, kind, text, client_id, created_at, due_at, task_run_id, "
+                    f"file_path) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_OUTBOX_FIELDS}",
+                    (user_id, channel, kind, text, client_id, now, due_at, task_run_id, (file_path or [None])[0]))
                 rows.append(OutboxRow(**await cur.fetchone()))
             if task_run_id is not None:
                 await conn.execute(_SETTLE_RUNS, ([task_run_id],))

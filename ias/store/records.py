@@ -89,6 +89,7 @@ class OutboxRow:
     done_at: datetime | None
     noticed: bool
     task_run_id: int | None
+    file_path: str | None = None   # a file to send (its private copy, ias/outgoing.py); `text` then names it
 
 
 @dataclass(frozen=True, slots=True)
