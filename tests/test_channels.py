@@ -12,7 +12,10 @@ from pathlib import Path
 from ias import limits
 from ias.channels.base import FAILED, SENT, SHUT, UNKNOWN, Channel, Window, budget, capped, split_text
 from ias.channels.console import ConsoleChannel
+from ias.channels.wechat.cdn import CDN
 from ias.channels.wechat.channel import BUDGET_NOTE
+from ias.channels.wechat.media import Media
+from ias.inbox import Inbox
 from ias.outbox import Outbox
 from tests.support import REPO, FakeChannel
 from tests.test_wechat import WeChatTestCase
@@ -129,7 +132,9 @@ class ChannelContract:
 
 class FileContract:
     """`send_file`, for a case of ChannelContract that also provides `files_arrived()`: the (name, bytes) of
-    each file the other end got, in order. (The WeChat case mixes it in with the CDN upload, issue 26.)"""
+    each file the other end got, in order. A channel whose images carry no name (`names_images` False: a
+    WeChat image item has none) shows None for an image's name."""
+    names_images = True
 
     def files_arrived(self) -> list[tuple[str, bytes]]:
         raise NotImplementedError
@@ -145,7 +150,7 @@ class FileContract:
         channel = await self.make()
         png = self.a_file("图表.png", b"\x89PNG\r\n\x1a\n" + bytes(200))
         self.assertEqual(await channel.send_file(self.user, png, None, "ias-contract-file-1"), SENT)
-        self.assertEqual(self.files_arrived()[-1], ("图表.png", png.read_bytes()))
+        self.assertEqual(self.files_arrived()[-1], ("图表.png" if self.names_images else None, png.read_bytes()))
         self.refuse()
         self.assertIn(await channel.send_file(self.user, png, None, "ias-contract-file-2"), (SHUT, FAILED, UNKNOWN))
 
@@ -206,21 +211,27 @@ class FakeChannelContractTest(ChannelContract, FileContract, unittest.IsolatedAs
         return [text for _, text in self.channel.sent]
 
 
-class WeChatContractTest(ChannelContract, WeChatTestCase):
+class WeChatContractTest(ChannelContract, FileContract, WeChatTestCase):
     windowed = True
     resumable = True
+    names_images = False
 
     async def make(self) -> Channel:
         self.user = self.server.owner
-        channel = await self.channel()
+        self.inbox = Path(tempfile.mkdtemp(prefix="ias-channel-inbox-"))
+        self.addCleanup(shutil.rmtree, self.inbox, True)
+        channel = await self.channel(media=Media(CDN(self.server.cdn_url), Inbox(self.inbox, 10 * 1024 * 1024)))
         await self.inbound()
         return channel
+
+    def files_arrived(self) -> list[tuple[str | None, bytes]]:
+        return [(name, data) for _, name, data in self.server.received_files()]
 
     def refuse(self) -> None:
         self.server.send_replies.extend([{"ret": -2, "errmsg": "refused"}] * 2)
 
     def arrived(self) -> list[str]:
-        return [m["item_list"][0]["text_item"]["text"] for m in self.server.sent]
+        return [m["item_list"][0]["text_item"]["text"] for m in self.server.sent if m["item_list"][0]["type"] == 1]
 
     async def owner_writes(self) -> None:
         self.clock.advance(60)
