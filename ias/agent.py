@@ -86,24 +86,26 @@ class Agent:
         self.turn_timeout = turn_timeout
         self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
         self.budget = budget or Budget(store, None, self.now)     # tokens counted; no daily limit unless given
-        self.slash = Slash(registry, gate, store, status=status)       # the owner's /commands
+        self.slash = Slash(registry, gate, store, status=status, grants=gate.grants)       # the owner's /commands
 
-    async def turn(self, user_id: str, text: str, notify: Notify | None) -> str:
-        """Answer one message; `notify` reaches the owner for approvals during the turn."""
+    async def turn(self, user_id: str, text: str, notify: Notify | None, task_id: int | None = None) -> str:
+        """Answer one message; `notify` reaches the owner for approvals during the turn; `task_id`: the
+        scheduled task whose prompt it is (its grants apply, and a grant approved in it is bound to it)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/"):
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
-        return await self.chat(user_id, text, notify)
+        return await self.chat(user_id, text, notify, task_id)
 
-    async def chat(self, user_id: str, text: str, notify: Notify | None) -> str:
+    async def chat(self, user_id: str, text: str, notify: Notify | None, task_id: int | None = None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import KeyRefused, LLMError, ToolsRefused
         new: list[dict] = [{"role": "user", "content": text}]
         clock = TurnClock(self.turn_timeout)
+        clock.task_id = task_id
         try:
             async with clock.deadline():
                 reply = await self._rounds(user_id, text, new, notify, clock)

@@ -25,6 +25,7 @@ from .channels.wechat.channel import WeChatChannel
 from .channels.wechat.login import credentials
 from .config import Config
 from .gate import Gate
+from .grants import Grants
 from .monitor import DatabaseMonitor
 from .notifiers import Fallback, configured
 from .outbox import Outbox
@@ -94,13 +95,15 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     supervisor = supervisor or Supervisor()
     skills = registry(config)
     runner = make_runner(config)
-    approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
+    key = load_key(config.key_file) if key is None else key
+    grants = Grants(store, key, now)
+    approvals = Approvals(store, key, config.approval_timeout, grants=grants)
     catalog = make_catalog(config, skills)
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
                   supervisor=supervisor)
     handlers = Handlers(store, skills, catalog.search)
     gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
-                supervisor=supervisor)
+                supervisor=supervisor, grants=grants)
     budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
     status = Status(config, store, budget, approvals, runner.sandbox, primary,
                     has_model=llm is not None, **({"now": now} if now is not None else {}))

@@ -171,3 +171,14 @@ MCP_STOP_GRACE = 2.0                # seconds after stdin is closed before SIGTE
 MCP_RESTART_FIRST = 1.0             # seconds before restarting a server that died; doubled after each death
 MCP_RESTART_MAX = 60.0              # seconds between restarts at most
 MCP_UP_RESET = 60.0                 # seconds a server must stay up for its restart delay to start over
+
+# Grants (ias/grants.py): later equal High calls that run without a new code (SPEC 12)
+GRANT_HOUR = 3600                   # seconds a `CODE+1h` grant lasts
+GRANT_DAY = 86400                   # seconds a `CODE+1d` grant lasts
+GRANT_USES_MAX = 20                 # N of `CODE+N次` at most (the approving call counts as the first)
+GRANT_COUNT_LIFE = 30 * 86400       # seconds a count grant lasts at most, so no grant lives forever
+GRANT_CAPPED = 3600                 # seconds any grant of execute_shell or an `- unconfined` skill lasts at most
+GRANT_CANDIDATES_MAX = 8            # rows one lookup reads for a call (equal grants of one user are rare)
+GRANT_USE_TRIES = 3                 # compare-and-set attempts of one use when equal calls race for a grant
+GRANTS_LISTED_MAX = 50              # grants /grants lists
+GRANT_PARAMS_SHOWN = 300            # characters of a grant's parameters /grants shows (the rest cut, marked …)

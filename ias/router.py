@@ -211,15 +211,15 @@ class Router:
         async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
             return await self._agent_turn(message.user_id, message.text, channel)
 
-    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
+    async def turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
         to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
         so turns side by side do not interleave it; approvals queue per user)."""
         async with self._task_turns.hold(user_id):
-            return await self._agent_turn(user_id, text, channel)
+            return await self._agent_turn(user_id, text, channel, task_id)
 
-    async def _agent_turn(self, user_id: str, text: str, channel: Channel) -> str:
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None) -> str:
         """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
@@ -227,7 +227,7 @@ class Router:
                 return False
             return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
-        return await self.agent.turn(user_id, text, notify)
+        return await self.agent.turn(user_id, text, notify, task_id)
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
@@ -236,7 +236,7 @@ class Router:
         fallback notifiers); the run's delivery column says which.
         """
         text = task.text if task.kind == "reminder" else await self.turn(
-            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary)
+            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary, task.id)
         await self.outbox.send(task.user_id, text, self.primary.name, "reminder" if task.kind == "reminder" else "task",
                                due=task.next_run_at, run_id=run_id)
         return text

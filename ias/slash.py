@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .approval import Notify
 from .gate import Gate
+from .grants import Grants
 from .registry import Registry
 from .store import Store
 
@@ -28,19 +29,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/run": ("run", ' 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）'),
     "/reset": ("reset", " — 清空对话记录"),
     "/status": ("status", " — 查看模型、今日用量、沙箱级别、微信窗口、待发送与待确认"),
+    "/grants": ("list_grants", " — 列出有效的授权（确认时回复 确认码+1h、+1d 或 +N次 可授权）"),
+    "/revoke": ("revoke", " 编号|all — 撤销一个或全部授权"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
 NO_STATUS = "当前没有可显示的状态。"
 RUN_USAGE = "用法：/run 技能名 {\"参数\": \"值\"}"
+NO_GRANTS = "此处不支持授权。"
 
 
 class Slash:
     """Answers the owner's /commands over the objects they need."""
 
-    def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None):
+    def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None,
+                 grants: Grants | None = None):
         self.registry = registry
         self.gate = gate
         self.store = store
+        self.grants = grants
         self._status = status           # /status's facts (None: built without them, e.g. a bare test agent)
 
     async def answer(self, user_id: str, text: str, notify: Notify | None) -> str:
@@ -71,3 +77,9 @@ class Slash:
 
     async def status(self, user_id: str, rest: str, notify: Notify | None) -> str:
         return NO_STATUS if self._status is None else await self._status.report(user_id)
+
+    async def list_grants(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        return NO_GRANTS if self.grants is None else await self.grants.listing(user_id)
+
+    async def revoke(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        return NO_GRANTS if self.grants is None else await self.grants.revoke(user_id, rest)

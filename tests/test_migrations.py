@@ -182,8 +182,8 @@ class MigrationTest(unittest.IsolatedAsyncioTestCase):
         await self.open(migrated_dsn)
         sql(whole_dsn, (REPO / "schema.sql").read_text())
         built, described = await asyncio.to_thread(catalog, migrated), await asyncio.to_thread(catalog, whole)
-        # the query sees them (+ version, outbox, calls_in_flight, audit_checkpoint, inbound, token_usage)
-        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 6)
+        # the query sees them (+ version, outbox, calls_in_flight, audit_checkpoint, inbound, token_usage, grants)
+        self.assertEqual(len(built["tables"]), len(migrations.INITIAL_TABLES) + 7)
         self.assertEqual([row[0] for row in built["functions"]],
                          ["audit_calls_in_flight", "audit_refuse", "scheduled_tasks_notify"])
         for kind in CATALOG:
