@@ -15,8 +15,9 @@ with a key derived from the secret key (which the database never sees), over id,
 canonical params, task, uses_max, expires_at (whole epoch seconds) and approval id. A row whose MAC
 does not match is `tampered` (audited, ignored; the call asks for a code as usual), so a database
 writer cannot mint a grant or widen one (more uses, a later expiry, other params, skill, task or
-user). `lookup`, a keyed digest of (user, skill, params), finds a call's candidates in one indexed
-query. A use is one compare-and-set UPDATE bound to every field the MAC covers, committed with its
+user). `lookup`, a keyed digest of (user, skill), and the params compared as stored (jsonb text) find
+a call's candidates in one indexed query, which also normalises the call's params. A use is one
+compare-and-set UPDATE bound to every field the MAC covers, committed with its
 `granted` audit row.
 
 What the MAC cannot cover, `uses` and `revoked_at` (they change after the owner approved), this
@@ -113,8 +114,8 @@ class Grants:
                              ensure_ascii=False, separators=(",", ":"))
         return f"{MAC_VERSION}:" + hmac.new(self._mac_key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
-    def lookup(self, user_id: str, skill_name: str, params: dict) -> str:
-        message = json.dumps([user_id, skill_name, canonical(params)], ensure_ascii=False, separators=(",", ":"))
+    def lookup(self, user_id: str, skill_name: str) -> str:
+        message = json.dumps([user_id, skill_name], ensure_ascii=False, separators=(",", ":"))
         return hmac.new(self._lookup_key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
     async def create(self, approved: Approval, skill: Skill, asked: Term, task_id: int | None) -> str:
@@ -130,7 +131,7 @@ class Grants:
                           task_id, asked.uses, 1, (now + timedelta(seconds=life)).replace(microsecond=0),
                           approved.id, "", None)
             grant = replace(draft, mac=self.mac(draft))
-            await self.store.create_grant(grant, self.lookup(grant.user_id, grant.skill_name, grant.params),
+            await self.store.create_grant(grant, self.lookup(grant.user_id, grant.skill_name),
                                           self._entry("grant_created", grant, skill, "granted"))
         except Exception:
             log.exception("grant for %s (approval %s) not created", skill.name, approved.id)
@@ -141,12 +142,12 @@ class Grants:
     async def use(self, user_id: str, skill: Skill, params: dict, task_id: int | None) -> Grant | None:
         """Use a grant for this call (params after defaults; `task_id` of the task whose turn makes it, or
         None): the grant, its use audited (`granted`), or None (the call asks for a code as usual)."""
-        stored = await self.store.normalised(params)
-        lookup = self.lookup(user_id, skill.name, stored)
+        lookup = self.lookup(user_id, skill.name)
         for _ in range(GRANT_USE_TRIES):
             now = self.now()
             raced = False
-            for row in (await self.store.grant_candidates(lookup, task_id, now))[:GRANT_CANDIDATES_MAX]:
+            stored, rows = await self.store.grant_candidates(lookup, params, task_id, now)
+            for row in rows[:GRANT_CANDIDATES_MAX]:
                 problem = self._problem(row, user_id, skill.name, stored, task_id)
                 if problem is not None:
                     await self._tampered(row, skill, problem)

@@ -50,20 +50,23 @@ class Grants(AuditLog):
         self._advance(head)
         return _grant(row)
 
-    async def grant_candidates(self, lookup: str, task_id: int | None, now: datetime) -> list[Grant]:
-        """Usable rows under `lookup` for a call of `task_id` (None: not a task's): a task's own grants first."""
-        async with self._conn() as conn:
+    async def grant_candidates(self, lookup: str, params: dict, task_id: int | None,
+                               now: datetime) -> tuple[dict, list[Grant]]:
+        """`params` as stored (`normalised`), and the usable rows under `lookup` holding exactly them, for a
+        call of `task_id` (None: not a task's), a task's own grants first: one round trip."""
+        async with self._conn() as conn, conn.pipeline():
+            normal = await conn.execute("SELECT %s::jsonb AS value", (Jsonb(params),))
             cur = await conn.execute(
-                f"SELECT {_GRANT_FIELDS} FROM grants WHERE lookup = %s AND {_USABLE} "
-                f"AND (task_id IS NULL OR task_id = %s) ORDER BY task_id IS NULL, id LIMIT %s",
-                (lookup, now, task_id, GRANT_CANDIDATES_MAX))
-            return [Grant(**row) for row in await cur.fetchall()]
+                f"SELECT {_GRANT_FIELDS} FROM grants WHERE lookup = %s AND params::text = (%s::jsonb)::text "
+                f"AND {_USABLE} AND (task_id IS NULL OR task_id = %s) ORDER BY task_id IS NULL, id LIMIT %s",
+                (lookup, Jsonb(params), now, task_id, GRANT_CANDIDATES_MAX))
+            return (await normal.fetchone())["value"], [Grant(**row) for row in await cur.fetchall()]
 
     async def use_grant(self, seen: Grant, now: datetime, entry: AuditEntry) -> Grant | None:
         """uses + 1 on the row `seen` (verified by the caller), with its audit row; None if the row is no
         longer exactly that (used meanwhile, revoked, expired, or changed in any field the MAC covers)."""
         head = None
-        async with self._tx() as conn:
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():      # BEGIN goes with the UPDATE
             cur = await conn.execute(
                 f"UPDATE grants SET uses = uses + 1 WHERE id = %s AND uses = %s AND user_id = %s AND skill_name = %s "
                 f"AND params::text = (%s::jsonb)::text AND task_id IS NOT DISTINCT FROM %s "
