@@ -106,7 +106,7 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
                 supervisor=supervisor, grants=grants)
     budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
     status = Status(config, store, budget, approvals, runner.sandbox, primary,
-                    has_model=llm is not None, **({"now": now} if now is not None else {}))
+                    has_model=llm is not None, grants=grants, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor, budget=budget, status=status)
     router = outbox = None

@@ -97,6 +97,7 @@ class CountGrantTest(GrantTestCase):
     async def test_revoke_all_and_one_end_grants(self):
         await self.approve("+3次")
         await self.approve("+1h", note="b")
+        self.assertIn("有效授权：2 个", await self.slash("/status"))
         listing = await self.slash("/grants")
         self.assertRegex(listing, r"#\d+ mark_high：已用 1/3 次，至 \d{4}-\d\d-\d\d \d\d:\d\d CST\n  参数：\{")
         self.assertIn('"note":"b"', listing)
