@@ -132,7 +132,7 @@ class Grants:
                           approved.id, "", None)
             grant = replace(draft, mac=self.mac(draft))
             await self.store.create_grant(grant, self.lookup(grant.user_id, grant.skill_name),
-                                          self._entry("grant_created", grant, skill, "granted"))
+                                          self._entry("grant_created", grant, skill, "created"))
         except Exception:
             log.exception("grant for %s (approval %s) not created", skill.name, approved.id)
             return NOT_SAVED

@@ -5,7 +5,7 @@ import unittest
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from ias.approval import parse_reply
+from ias.approval import TurnBudget, parse_reply
 from ias.clock import TZ
 from ias.grants import SUFFIX_HELP, term
 from ias.sandbox import Policy
@@ -32,26 +32,27 @@ class GrantTestCase(GateTestCase):
         params.setdefault("marker", str(self.marker))
         return asyncio.create_task(self.gate.call(user, name, params, (owner or self.owner).notify, turn))
 
-    async def approve(self, suffix: str, user: str = "owner", owner: FakeOwner | None = None, **params) -> str:
+    async def approve(self, suffix: str, user: str = "owner", owner: FakeOwner | None = None, turn=None,
+                      **params) -> str:
         """A call asked and approved with `CODE` + `suffix`; the answer to the owner (the call has run)."""
         owner = owner or self.owner
-        call = self.call(user, owner, **params)
+        call = self.call(user, owner, turn=turn, **params)
         said = await self.approvals.redeem(user, await owner.code() + suffix)
         result = await asyncio.wait_for(call, 10)
         self.assertTrue(result["success"], result)
         return said
 
-    async def runs_granted(self, **params) -> None:
+    async def runs_granted(self, turn=None, **params) -> None:
         asked = len(self.owner.messages)
-        result = await asyncio.wait_for(self.call(**params), 10)
+        result = await asyncio.wait_for(self.call(turn=turn, **params), 10)
         self.assertTrue(result["success"], result)
         self.assertEqual(len(self.owner.messages), asked, "the owner was asked")
 
-    async def asks(self, user: str = "owner", owner: FakeOwner | None = None, **params) -> None:
+    async def asks(self, user: str = "owner", owner: FakeOwner | None = None, turn=None, **params) -> None:
         """The call asks for a code (cancelled here, so it does not run)."""
         owner = owner or self.owner
         before = self.runs()
-        call = self.call(user, owner, **params)
+        call = self.call(user, owner, turn=turn, **params)
         await owner.code()
         self.assertEqual(await self.approvals.redeem(user, "0"), "已取消：mark_high")
         self.assertEqual(await asyncio.wait_for(call, 10), REFUSED)
@@ -75,7 +76,7 @@ class CountGrantTest(GrantTestCase):
         await self.asks()
         [(grant_id,)] = self.sql("SELECT id FROM grants")
         self.assertEqual(self.audit("grant_created", "grant_used"), [
-            ("grant_created", "granted", f"grant={grant_id} uses=1/3"),
+            ("grant_created", "created", f"grant={grant_id} uses=1/3"),
             ("grant_used", "granted", f"grant={grant_id} uses=2/3"),
             ("grant_used", "granted", f"grant={grant_id} uses=3/3")])
         started = self.sql("SELECT decision, approval_id, detail FROM audit_log WHERE event = 'skill_started' "
@@ -93,6 +94,18 @@ class CountGrantTest(GrantTestCase):
         await self.asks(user="guest", owner=FakeOwner())
         await self.runs_granted(note="none")        # the default, given: equal after defaults
         self.assertEqual(self.audit("grant_tampered"), [])
+
+    async def test_a_task_grant_serves_that_task_only_and_a_chat_grant_serves_tasks_too(self):
+        first = await add_task(self.store, "owner", "甲", "0 7 * * *", "prompt", "x")
+        second = await add_task(self.store, "owner", "乙", "0 8 * * *", "prompt", "y")
+        said = await self.approve("+1h", turn=TurnBudget(first.id))
+        self.assertEqual(said, "已确认，正在执行：mark_high（已授权本定时任务 1 小时内相同参数免确认）")
+        await self.asks()                                       # a chat call
+        await self.asks(turn=TurnBudget(second.id))             # another task
+        await self.runs_granted(turn=TurnBudget(first.id))
+        self.assertRegex(await self.slash("/grants"), r"，仅定时任务「甲」\n")
+        await self.approve("+3次", note="chat")
+        await self.runs_granted(turn=TurnBudget(second.id), note="chat")
 
     async def test_revoke_all_and_one_end_grants(self):
         await self.approve("+3次")
