@@ -207,7 +207,7 @@ class Approvals:
         if turn is not None:
             turn.asked += 1
         async with self._turns.hold(user_id):
-            return await self._request(user_id, skill, params, notify, turn and turn.task_id)
+            return await self._request(user_id, skill, params, notify, None if turn is None else turn.task_id)
 
     async def _request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None,
                        task_id: int | None) -> Outcome:
@@ -342,7 +342,7 @@ class Approvals:
 
     async def _try_code(self, waiter: _Waiter, code: str, asked: Term | None = None) -> str:
         """One code attempt against the daemon's copy, under the waiter's lock; the text to answer. A right
-        code with a grant suffix (`asked`) also creates the grant, before the call is let run."""
+        code with a grant suffix (`asked`) also creates the grant (the approving call is its first use)."""
         bound, name, risk = waiter.approval, waiter.skill.name, waiter.skill.risk
         if self.monotonic() >= waiter.deadline:         # its time is up; the timer has not fired yet
             return self._ended(await self._close_locked(waiter, "expired", "timeout"), name)
@@ -354,9 +354,9 @@ class Approvals:
             if _tampering(won, bound) is not None:           # the approving UPDATE returned another row
                 return self._ended(await self._tampered(waiter, won), name)
             approved = replace(bound, status="approved")
+            self._settle(waiter, Outcome("approved", approved))     # first: nothing may come between it and approve
             note = "" if asked is None or self.grants is None else \
                 await self.grants.create(approved, waiter.skill, asked, waiter.task_id)
-            self._settle(waiter, Outcome("approved", approved))
             return f"已确认，正在执行：{name}{note}"
         spent = await self.store.spend_attempt(bound, self._entry(bound, "wrong_code", risk, "wrong code"),
                                                within_deadline=True)
