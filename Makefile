@@ -31,15 +31,20 @@ $(VENV)/.qr: $(STAMP)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[qr]' && touch $@ || \
 		echo "could not install segno: WeChat login will show a link instead of a QR code"
 
+# The `media` extra (cryptography) decrypts WeChat images and files; `make test` needs it (the media tests).
+$(VENV)/.media: $(STAMP)
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[media]' && touch $@ || \
+		echo "could not install cryptography: WeChat images and files will be answered with a note"
+
 # No LLM configured (environment or ias.env in the data directory) and a person at the terminal: `ias setup` first.
-run: $(STAMP) $(VENV)/.qr
+run: $(STAMP) $(VENV)/.qr $(VENV)/.media
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_DATABASE_URL)
 	@if [ -t 0 ] && $(PY) -c 'import sys; from ias.setup import needed; sys.exit(0 if needed() else 1)'; then \
 		$(PY) ias.py setup || exit 1; fi
 	$(PY) ias.py
 
-test: $(STAMP)
+test: $(STAMP) $(VENV)/.media
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_TEST_DATABASE_URL)
 	IAS_TEST_FAST= $(PY) -m unittest discover -s tests -t .
@@ -49,12 +54,12 @@ test: $(STAMP)
 # (tests/parallel.py; JOBS=N to choose how many; a module that prints anything fails it). `make test`
 # (and CI) run everything with unittest's discover.
 JOBS ?= 3
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(VENV)/.media
 	@$(ensure_bwrap)
 	@$(call ensure_server,IAS_TEST_DATABASE_URL)
 	IAS_TEST_FAST=1 $(PY) -m tests.parallel -j $(JOBS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(VENV)/.media
 	@$(ensure_bwrap)
 	@$(call ensure_server)
 	-$(PY) -m pip install --quiet --disable-pip-version-check jsonschema   # baseline for the validator figure

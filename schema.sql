@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7) ON CONFLICT DO NOTHING;
+INSERT INTO schema_version (version) VALUES (1), (2), (3), (4), (5), (6), (7), (8) ON CONFLICT DO NOTHING;
 
 -- Approvals of High-risk calls (the seed's table, exactly these columns).
 CREATE TABLE IF NOT EXISTS pending_approvals (
@@ -220,6 +220,10 @@ CREATE TABLE IF NOT EXISTS token_usage (
     updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     UNIQUE (day, user_id, model)
 );
+
+-- The files that came with an inbound message: their inbox records ({"path", "kind", "mime", "size", "name"}),
+-- so a message replayed after a restart keeps them.
+ALTER TABLE inbound ADD COLUMN IF NOT EXISTS attachments jsonb NOT NULL DEFAULT '[]';
 
 -- Grants (SPEC 12): an approval whose code carried `+1h`, `+1d` or `+N次` lets later calls of the same
 -- user, skill and parameters (and, with task_id, only that task's calls) run without a new code. The

@@ -18,7 +18,10 @@ A turn has a total deadline (IAS_TURN_TIMEOUT) that stops while the owner is ask
 silence: they get the gist of the last tool result, or NO_ANSWER.
 Every model response's tokens are recorded (budget.py); before each model request, a user past
 IAS_DAILY_TOKENS for the day gets the budget's message instead and the turn ends.
-Not handled: streaming replies, images, summarising history that falls out of the window.
+Files the owner sent (the Inbound's attachments, in the inbox) are named to the model by a line each
+(`results.file_line`); with IAS_VISION an image also goes as an image part, in its own turn only: the
+history keeps the line, never the bytes, so an old image is not sent again.
+Not handled: streaming replies, audio or video for the model, summarising history that falls out of the window.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from .budget import Budget
 from .clock import SYSTEM, TZ
 from .gate import Gate
 from .limits import AGENT_MAX_ROUNDS, HISTORY_WINDOW, RECENT_SKILLS_MAX, TOOL_CALLS_MAX, TOOL_GIST_MAX, TURN_TIMEOUT
+from .limits import IMAGE_PARTS_MAX
+from .inbox import Attachment, Inbox
 from .catalog import Catalog
 from .registry import Registry
 from .slash import Slash
@@ -74,7 +79,8 @@ class Agent:
     def __init__(self, registry: Registry, gate: Gate, store: Store, llm=None, *, catalog: Catalog,
                  now: Callable[[], datetime] | None = None,
                  max_rounds: int = AGENT_MAX_ROUNDS, window: int = HISTORY_WINDOW,
-                 turn_timeout: float = TURN_TIMEOUT, monitor=None, budget: Budget | None = None, status=None):
+                 turn_timeout: float = TURN_TIMEOUT, monitor=None, budget: Budget | None = None, status=None,
+                 inbox: Inbox | None = None, vision: bool = False):
         self.registry = registry
         self.catalog = catalog
         self.gate = gate
@@ -87,28 +93,34 @@ class Agent:
         self.monitor = monitor          # the daemon's DatabaseMonitor: a turn's end is kept through an outage
         self.budget = budget or Budget(store, None, self.now)     # tokens counted; no daily limit unless given
         self.slash = Slash(registry, gate, store, status=status, grants=gate.grants)       # the owner's /commands
+        self.inbox = inbox              # where the owner's files are (read for a vision model)
+        self.vision = vision            # the model sees images (IAS_VISION)
 
-    async def turn(self, user_id: str, text: str, notify: Notify | None, task_id: int | None = None) -> str:
-        """Answer one message; `notify` reaches the owner for approvals during the turn; `task_id`: the
-        scheduled task whose prompt it is (its grants apply, and a grant approved in it is bound to it)."""
+    async def turn(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
+                   task_id: int | None = None) -> str:
+        """Answer one message (and the files that came with it); `notify` reaches the owner for approvals
+        during the turn; `task_id`: the scheduled task whose prompt it is (its grants apply, and a grant
+        approved in it is bound to it)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
-        if text.startswith("/"):
+        if text.startswith("/") and not files:
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
-        return await self.chat(user_id, text, notify, task_id)
+        return await self.chat(user_id, text, notify, files, task_id=task_id)
 
-    async def chat(self, user_id: str, text: str, notify: Notify | None, task_id: int | None = None) -> str:
+    async def chat(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
+                   task_id: int | None = None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import KeyRefused, LLMError, ToolsRefused
-        new: list[dict] = [{"role": "user", "content": text}]
+        content, current = await self._content(text, files)
+        new: list[dict] = [{"role": "user", "content": content}]
         clock = TurnClock(self.turn_timeout)
         clock.task_id = task_id
         try:
             async with clock.deadline():
-                reply = await self._rounds(user_id, text, new, notify, clock)
+                reply = await self._rounds(user_id, text, new, notify, clock, current)
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
             reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else KEY_REFUSED if isinstance(exc, KeyRefused)
@@ -127,8 +139,9 @@ class Agent:
         return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
-                      clock: TurnClock) -> str:
-        """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply."""
+                      clock: TurnClock, current: dict | None = None) -> str:
+        """The model's rounds of one turn, appending the calls and results to `new` as they go; the reply.
+        `current`: the owner's message as sent this turn (with image parts), in place of `new[0]`."""
         history = _window(await self.store.recent_messages(user_id, self.window))
         query = " ".join([text, *(m["content"] for m in history[::-1] if m.get("role") == "user"
                                   and isinstance(m.get("content"), str))][:3])
@@ -139,7 +152,7 @@ class Agent:
         for _ in range(self.max_rounds):
             if (spent := self.budget.spent(user_id)) is not None:      # before every request: a loop stops too
                 return spent
-            messages = [{"role": "system", "content": system_prompt(self.now())}, *history, *new]
+            messages = [{"role": "system", "content": system_prompt(self.now())}, *history, current or new[0], *new[1:]]
             tools = self.catalog.select(query, [*keep, *recent])
             answer = await self.llm.complete(messages, tools)
             await self.budget.record(user_id, answer)
@@ -159,6 +172,22 @@ class Agent:
             new.extend({"role": "tool", "tool_call_id": call.id,     # every call answered: the API wants it
                         "content": results.for_history(results.too_many_calls(call.name))} for call in excess)
         return TOO_MANY_ROUNDS
+
+    async def _content(self, text: str, files: tuple[Attachment, ...]) -> tuple[str, dict | None]:
+        """The owner's message as stored (its text after a line naming each file) and, when a vision model
+        gets images, as sent in this turn only (None: as stored)."""
+        lines, parts = [], []
+        for file in files:
+            data = None
+            if self.vision and self.inbox is not None and file.kind == "image" and file.mime.startswith("image/") \
+                    and len(parts) < IMAGE_PARTS_MAX:
+                data = await asyncio.to_thread(self.inbox.read, file)
+                if data is not None:
+                    parts.append(results.image_part(file.mime, data))
+            shown = self.inbox.shown(file.path) if self.inbox is not None else file.path.name
+            lines.append(results.file_line(file.kind, file.name, file.mime, file.size, shown, data is not None))
+        content = results.with_files(text, lines)
+        return content, ({"role": "user", "content": [{"type": "text", "text": content}, *parts]} if parts else None)
 
     async def _refuse(self, user_id: str, calls) -> None:
         """Calls past the first TOOL_CALLS_MAX of one model response are not run: one audit row for them all."""

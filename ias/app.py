@@ -19,9 +19,12 @@ from .approval import Approvals, load_key
 from .auditchain import AuditChain
 from .budget import Budget
 from .handlers import Handlers
+from .inbox import Inbox
 from .channels.base import Channel
 from .channels.wechat import ilink
+from .channels.wechat.cdn import CDN
 from .channels.wechat.channel import WeChatChannel
+from .channels.wechat.media import Media
 from .channels.wechat.login import credentials
 from .config import Config
 from .gate import Gate
@@ -108,7 +111,8 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     status = Status(config, store, budget, approvals, runner.sandbox, primary,
                     has_model=llm is not None, grants=grants, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
-                  monitor=monitor, budget=budget, status=status)
+                  monitor=monitor, budget=budget, status=status, inbox=make_inbox(config),
+                  vision=bool(config.vision))
     router = outbox = None
     if channels:
         if primary is None:
@@ -161,7 +165,13 @@ async def wechat(config: Config, store: Store, supervisor: Supervisor, on_stale=
     `supervisor`."""
     creds = await credentials(store, config.wechat_token, config.wechat_owner, config.wechat_base_url)
     return None if creds is None else WeChatChannel(store, creds, on_stale=on_stale, window=config.wechat_window,
-                                                    budget=config.wechat_budget, supervisor=supervisor)
+                                                    budget=config.wechat_budget, supervisor=supervisor,
+                                                    media=Media(CDN(config.wechat_cdn_url), make_inbox(config)))
+
+
+def make_inbox(config: Config) -> Inbox:
+    """The owner's inbox (`config.inbox`), bounded by IAS_INBOX_MAX_MB."""
+    return Inbox(config.inbox, config.inbox_max_mb * 1024 * 1024)
 
 
 @asynccontextmanager

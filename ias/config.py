@@ -22,6 +22,7 @@ from .limits import (APPROVAL_TIMEOUT, CLUSTER_LINGER, CLUSTER_LINGER_MAX, FALLB
                      MODEL_DEFAULT, OUTBOX_EXPIRE, RETENTION_DAYS, TIMEOUT_SETTING_MAX, TOOLS_BYTES_DEFAULT,
                      TOOLS_BYTES_MIN, TURN_TIMEOUT, WECHAT_REPLY_WINDOW, WECHAT_SEND_BUDGET)
 from .limits import DAILY_TOKENS_MAX
+from .limits import INBOX_MAX_MB, WECHAT_CDN_URL
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SKILL_LIB = REPO_ROOT / "resources" / "lib"      # the ias_skill helper library, on every skill's PYTHONPATH
@@ -54,6 +55,9 @@ _SETTINGS = {
     "notify_webhook_url": ("IAS_NOTIFY_WEBHOOK_URL", str),
     "notify_webhook_body": ("IAS_NOTIFY_WEBHOOK_BODY", str),
     "daily_tokens": ("IAS_DAILY_TOKENS", (int, 1, DAILY_TOKENS_MAX)),
+    "wechat_cdn_url": ("IAS_WECHAT_CDN_URL", str),
+    "inbox_max_mb": ("IAS_INBOX_MAX_MB", (int, 1, 1024 * 1024)),
+    "vision": ("IAS_VISION", (int, 0, 1)),
 }
 # Never read from ias.toml: a config file is too easily committed or shared.
 _SECRETS = {"openai_api_key": "OPENAI_API_KEY", "wechat_token": "IAS_WECHAT_TOKEN",
@@ -118,6 +122,9 @@ class Config:
     sandbox_user: str | None = None         # [sandbox] user: whom skills run as when iAs is root (default nobody)
     sandbox_allow_partial: bool = False     # [sandbox] allow_partial: user skills load below the full level
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+    wechat_cdn_url: str = WECHAT_CDN_URL    # the WeChat CDN, where the server gives no full URL (a local one in tests)
+    inbox_max_mb: int = INBOX_MAX_MB        # megabytes the owner's inbox may hold; the oldest files go first
+    vision: int = 0                         # 1: the model sees images (IAS_VISION, or a provider preset's)
 
     def __post_init__(self) -> None:
         # Resolved once, against the working directory at start: a skill runs in its own
@@ -143,6 +150,8 @@ class Config:
     unwritten_file = _in_data_dir("unwritten-ends.jsonl", "Skill ends a stopping daemon could not write yet.")
     skills_cache = _in_data_dir("skills.cache.json", "The parsed skill directories, for the `skills` listing.")
     mcp_cache = _in_data_dir("mcp", "Each MCP server's last tool list (`<skill>.json`).")
+    inbox = _in_data_dir("inbox", "What the owner sent (WeChat images, files, voice): `YYYY-MM-DD/` directories, "
+                                  "bounded by IAS_INBOX_MAX_MB.")
 
 
 def absolute(path: str | os.PathLike) -> Path:

@@ -1,5 +1,6 @@
 """`ias doctor`: one line per check of configuration, secret key, sandbox, skills, MCP servers, disk,
-database, channel, outbox and LLM endpoints (the primary and each fallback model); exit 1 when any check fails.
+media, database, channel, outbox and LLM endpoints (the primary and each fallback model); exit 1 when
+any check fails.
 
 A check reports what it finds, it repairs nothing; warnings (`warn`) do not fail. Not handled
 here: checks of a running daemon (doctor reads the same configuration and database, it does
@@ -51,6 +52,7 @@ async def cmd_doctor(config) -> int:
         line(False if bad else True if tools else None, f"mcp server {spec.name}",
              "; ".join(bad) if bad else f"{len(tools)} tools: {', '.join(tools) or '-'}")
     line(*disk_line(config.data_dir))
+    line(*media_line(config))
     if not config.database_url:
         from .pgcluster import embedded
         try:
@@ -104,6 +106,17 @@ async def llm_line(llm, what: str, key_from: str, fix: str) -> tuple[bool | None
     if llm.model not in names:
         return None, what, f"{url}: model {llm.model} is not among the {len(names)} models it lists; {fix}"
     return True, what, f"{url}: {len(names)} models, {llm.model} found"
+
+
+def media_line(config, find_spec=None) -> tuple[bool | None, str, str]:
+    """WeChat media (SPEC 13): whether AES is there (the optional cryptography package), the inbox and its
+    bound, whether the model is taken to see images."""
+    import importlib.util
+    detail = f"inbox {config.inbox} (at most {config.inbox_max_mb} MB), vision {'on' if config.vision else 'off'}"
+    if (find_spec or importlib.util.find_spec)("cryptography") is None:
+        return None, "media", ("cryptography is not installed: WeChat images and files are answered with a note "
+                               f"(make run, or pip install 'ias[media]'); {detail}")
+    return True, "media", detail
 
 
 def disk_line(data_dir, statvfs=os.statvfs) -> tuple[bool | None, str, str]:

@@ -172,6 +172,18 @@ MCP_RESTART_FIRST = 1.0             # seconds before restarting a server that di
 MCP_RESTART_MAX = 60.0              # seconds between restarts at most
 MCP_UP_RESET = 60.0                 # seconds a server must stay up for its restart delay to start over
 
+# WeChat media (issue 26; protocol facts in reference/wechat-ilink-media.md)
+WECHAT_CDN_URL = "https://novac2c.cdn.weixin.qq.com/c2c"    # IAS_WECHAT_CDN_URL: used where the server gives no full URL
+MEDIA_DOWNLOAD_MAX = 25 * 1024 * 1024   # bytes of one inbound file; larger is refused before anything is written
+MEDIA_UPLOAD_MAX = 25 * 1024 * 1024     # bytes of one file sent to the owner
+MEDIA_ITEMS_MAX = 4                 # media items of one inbound message downloaded; the rest are named as skipped
+MEDIA_TIMEOUT = 60.0                # seconds for one CDN download or upload request
+MEDIA_UPLOAD_ATTEMPTS = 3           # CDN upload tries on a 5xx or a 200 without x-encrypted-param (the plugin's)
+MEDIA_NAME_MAX = 80                 # characters of a stored file's name (the server's name is cut to it)
+INBOX_MAX_MB = 500                  # megabytes the owner's inbox may hold, oldest files removed first: IAS_INBOX_MAX_MB
+IMAGE_PARTS_MAX = 4                 # images of one message sent to a vision model as image parts; the rest are named
+IMAGE_TOKENS_ESTIMATE = 1000        # tokens an image part counts for in an estimate (not its base64 bytes)
+
 # Grants (ias/grants.py): later equal High calls that run without a new code (SPEC 12)
 GRANT_HOUR = 3600                   # seconds a `CODE+1h` grant lasts
 GRANT_DAY = 86400                   # seconds a `CODE+1d` grant lasts

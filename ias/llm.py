@@ -21,8 +21,8 @@ Every Reply names the model that answered (the configured name, not the endpoint
 its token `Usage` from the completion's `usage`. A `usage` that is absent or not believable (not a
 whole number, negative, above USAGE_TOKENS_MAX) is estimated instead, marked so: UTF-8 bytes of
 the request (messages and tools as JSON) and of the reply (text and calls), each divided by
-ESTIMATE_BYTES_PER_TOKEN, rounded up. Not handled: cached or reasoning tokens (counted as the
-endpoint counts them, inside prompt and completion), prices.
+ESTIMATE_BYTES_PER_TOKEN, rounded up; an image part counts IMAGE_TOKENS_ESTIMATE. Not handled: cached
+or reasoning tokens (counted as the endpoint counts them, inside prompt and completion), prices.
 
 `openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
 an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from .jsonschema import values as jsonvalues
 from .errors import IasError
-from .limits import ESTIMATE_BYTES_PER_TOKEN, LLM_RETRY_DELAYS, LLM_TIMEOUT, USAGE_TOKENS_MAX
+from .limits import ESTIMATE_BYTES_PER_TOKEN, IMAGE_TOKENS_ESTIMATE, LLM_RETRY_DELAYS, LLM_TIMEOUT, USAGE_TOKENS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -307,9 +307,18 @@ def _usage(reported, messages: list[dict], tools: list[dict], content: str | Non
     counts = [getattr(reported, name, None) for name in ("prompt_tokens", "completion_tokens")]
     if all(type(n) is int and 0 <= n <= USAGE_TOKENS_MAX for n in counts):
         return Usage(counts[0], counts[1])
-    sent = json.dumps(messages, ensure_ascii=False) + (json.dumps(tools, ensure_ascii=False) if tools else "")
+    images = 0
+    texts = []
+    for message in messages:        # an image part (a vision turn) counts as an image, not as its base64 bytes
+        parts = message.get("content")
+        if isinstance(parts, list):
+            kept = [part for part in parts if not (isinstance(part, dict) and part.get("type") == "image_url")]
+            images += len(parts) - len(kept)
+            message = {**message, "content": kept}
+        texts.append(message)
+    sent = json.dumps(texts, ensure_ascii=False) + (json.dumps(tools, ensure_ascii=False) if tools else "")
     received = (content or "") + "".join(call.name + call.arguments for call in calls)
-    return Usage(_tokens(sent), _tokens(received), estimated=True)
+    return Usage(_tokens(sent) + images * IMAGE_TOKENS_ESTIMATE, _tokens(received), estimated=True)
 
 
 def _tokens(text: str) -> int:

@@ -260,7 +260,12 @@ CREATE TABLE token_usage (
 );
 """
 
-# Version 7: grants (SPEC 12), each row keyed by iAs (`mac`), found by a keyed digest of user and skill
+# Version 7: the files that came with an inbound message (their inbox records), so a replay keeps them.
+_INBOUND_FILES = """
+ALTER TABLE inbound ADD COLUMN attachments jsonb NOT NULL DEFAULT '[]';
+"""
+
+# Version 8: grants (SPEC 12), each row keyed by iAs (`mac`), found by a keyed digest of user and skill
 # (`lookup`).
 _GRANTS = """
 CREATE TABLE grants (
@@ -282,7 +287,8 @@ CREATE INDEX grants_lookup ON grants (lookup) WHERE revoked_at IS NULL;
 CREATE INDEX grants_user ON grants (user_id, id) WHERE revoked_at IS NULL;
 """
 
-MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _GRANTS)
+MIGRATIONS: tuple[str, ...] = (_INITIAL, _OUTBOX, _KEYED_AUDIT, _RETENTION, _INBOUND, _TOKEN_USAGE, _INBOUND_FILES,
+                               _GRANTS)
 LATEST = len(MIGRATIONS)
 
 # The tables version 1 creates. A schema holding all of them but no schema_version was built by

@@ -15,6 +15,7 @@ a skill's own JSON result, which the model gets as the skill printed it.
 """
 from __future__ import annotations
 
+import base64
 import json
 from typing import TYPE_CHECKING
 
@@ -247,3 +248,35 @@ def _cut_utf8(text: str, limit: int) -> tuple[str, bool]:
     if len(data) <= limit:
         return text, False
     return data[:limit].decode("utf-8", "ignore"), True
+
+
+# -- files the owner sent (issue 26) -----------------------------------------------------------------
+FILE_KINDS = {"image": "图片", "voice": "语音", "file": "文件", "video": "视频"}
+
+
+def size_text(size: int) -> str:
+    """A size as the owner and the model read it: 512 B, 123 KB, 4.5 MB."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{round(size / 1024)} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def file_line(kind: str, name: str, mime: str, size: int, shown: str, seen: bool) -> str:
+    """The line naming a file the owner sent: `[图片：inbox/…/x.png，123 KB]` for an image the model sees
+    (the history keeps only this reference, never the bytes), else its name, type, size and inbox path."""
+    what = FILE_KINDS.get(kind, "文件")
+    if seen:
+        return f"[{what}：{shown}，{size_text(size)}]"
+    return f"[{what}：{name}，{mime}，{size_text(size)}，已存到 {shown}]"
+
+
+def with_files(text: str, lines: list[str]) -> str:
+    """The owner's message as the model reads it: the lines naming their files, then their text."""
+    return "\n".join([*lines, text] if text else lines)
+
+
+def image_part(mime: str, data: bytes) -> dict:
+    """An image for a vision model, in the current turn only (a data URL)."""
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"}}

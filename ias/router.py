@@ -34,6 +34,7 @@ from .agent import Agent
 from .approval import Approvals, parse_reply
 from .channels.base import Channel, Inbound
 from .errors import StoreError
+from .inbox import attachments
 from .limits import INBOUND_HELD_MAX, INBOUND_REPLAYS_MAX, TURNS_MAX
 from .locks import Place, UserLocks
 from .outbox import Outbox
@@ -159,7 +160,8 @@ class Router:
             await self.monitor.back()
         if message.inbound_id is None:
             inbound_id = await self._patiently(lambda: self.store.record_inbound(
-                message.channel, message.user_id, message.message_id, message.text), message, channel)
+                message.channel, message.user_id, message.message_id, message.text,
+                [a.record() for a in message.attachments]), message, channel)
             if inbound_id is None:
                 log.info("message %s on %s was already handled", message.message_id, message.channel)
                 return None
@@ -209,7 +211,7 @@ class Router:
         if parse_reply(message.text) == "code":
             return NOTHING_PENDING
         async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
-            return await self._agent_turn(message.user_id, message.text, channel)
+            return await self._agent_turn(message.user_id, message.text, channel, message.attachments)
 
     async def turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
@@ -217,9 +219,9 @@ class Router:
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
         so turns side by side do not interleave it; approvals queue per user)."""
         async with self._task_turns.hold(user_id):
-            return await self._agent_turn(user_id, text, channel, task_id)
+            return await self._agent_turn(user_id, text, channel, task_id=task_id)
 
-    async def _agent_turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None) -> str:
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=(), task_id: int | None = None) -> str:
         """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
@@ -227,7 +229,7 @@ class Router:
                 return False
             return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
-        return await self.agent.turn(user_id, text, notify, task_id)
+        return await self.agent.turn(user_id, text, notify, files, task_id=task_id)
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
@@ -274,7 +276,8 @@ class Router:
         for row in replayed:
             log.info("replaying inbound message %d from %s on %s (received %s)", row.id, row.user_id,
                      row.channel, row.received_at.isoformat(timespec="seconds"))
-            self._launch(Inbound(row.channel, row.user_id, row.text, row.message_id, row.id))
+            self._launch(Inbound(row.channel, row.user_id, row.text, row.message_id, row.id,
+                                 attachments(row.attachments)))
         return len(replayed)
 
     async def cancel(self) -> None:

@@ -28,14 +28,15 @@ class Provider:
     base_url: str | None            # None: the owner must give it (vLLM and other servers)
     model: str | None               # None: likewise
     key: str = "required"           # "required", "optional" (a local server may take any), "none" (never asked)
+    vision: bool = False            # its preset model is known to see images (IAS_VISION=1 is written with it)
 
 
 PRESETS = (
-    Provider("openai", "OpenAI", "https://api.openai.com/v1", "gpt-4o-mini"),
+    Provider("openai", "OpenAI", "https://api.openai.com/v1", "gpt-4o-mini", vision=True),
     Provider("deepseek", "DeepSeek 深度求索", "https://api.deepseek.com/v1", "deepseek-chat"),
     Provider("qwen", "通义千问 Qwen（阿里云百炼 DashScope）", "https://dashscope.aliyuncs.com/compatible-mode/v1",
              "qwen-plus"),
-    Provider("moonshot", "月之暗面 Kimi（Moonshot）", "https://api.moonshot.cn/v1", "kimi-k2.5"),
+    Provider("moonshot", "月之暗面 Kimi（Moonshot）", "https://api.moonshot.cn/v1", "kimi-k2.5", vision=True),
     Provider("zhipu", "智谱 GLM", "https://open.bigmodel.cn/api/paas/v4", "glm-4-flash"),
     Provider("siliconflow", "硅基流动 SiliconFlow", "https://api.siliconflow.cn/v1", "deepseek-ai/DeepSeek-V3"),
     Provider("ollama", "Ollama（本机）", "http://127.0.0.1:11434/v1", "qwen2.5:7b", key="none"),
@@ -65,9 +66,11 @@ class Endpoint:
     base_url: str
     model: str
     api_key: str
+    vision: bool = False            # the preset's own model, known to see images
 
     def settings(self) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "IAS_MODEL": self.model}
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "IAS_MODEL": self.model,
+                "IAS_VISION": "1" if self.vision else "0"}
 
 
 async def probe(endpoint: Endpoint, timeout: float) -> str | None:
@@ -132,7 +135,7 @@ def from_arguments(config, provider: str, model: str | None, base_url: str | Non
         key = key or NO_KEY
     if not key:
         raise ConfigError("OPENAI_API_KEY is not set: `ias setup --provider …` reads the key from it")
-    return Endpoint(base_url, model, key)
+    return Endpoint(base_url, model, key, chosen.vision and model == chosen.model)
 
 
 class UsageError(ConfigError):
@@ -160,7 +163,7 @@ def ask_endpoint(ask: Callable[[str], str], secret: Callable[[str], str], out: C
                 key = typed or NO_KEY
                 break
             out("需要密钥：请在服务商的控制台创建 API Key 后粘贴到这里。")
-    return Endpoint(base_url, model, key)
+    return Endpoint(base_url, model, key, chosen.vision and model == chosen.model)
 
 
 def _ask_value(ask, out, what: str, default: str | None) -> str:

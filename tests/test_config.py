@@ -265,3 +265,21 @@ class MailSettingsTest(unittest.TestCase):
                     self.assertEqual((done.returncode, done.stdout), (1, ""), done.stderr)
                     self.assertEqual(done.stderr.splitlines(), [done.stderr.splitlines()[0]])
                     self.assertTrue(done.stderr.startswith(words), done.stderr)
+
+
+class MediaSettingsTest(unittest.TestCase):
+    """WeChat media (issue 26): the CDN base, the inbox's bound and whether the model sees images."""
+
+    def test_defaults_the_environment_and_bounds(self):
+        config = load(environ={"IAS_DATA_DIR": "/srv/ias"})
+        self.assertEqual((config.wechat_cdn_url, config.inbox_max_mb, config.vision, config.inbox),
+                         ("https://novac2c.cdn.weixin.qq.com/c2c", 500, 0, Path("/srv/ias/inbox")))
+        self.assertEqual((limits.WECHAT_CDN_URL, limits.INBOX_MAX_MB, limits.MEDIA_DOWNLOAD_MAX),
+                         (config.wechat_cdn_url, config.inbox_max_mb, 25 * 1024 * 1024))
+        config = load(environ={"IAS_WECHAT_CDN_URL": "http://127.0.0.1:9/c2c", "IAS_INBOX_MAX_MB": "20",
+                               "IAS_VISION": "1"})
+        self.assertEqual((config.wechat_cdn_url, config.inbox_max_mb, config.vision), ("http://127.0.0.1:9/c2c", 20, 1))
+        for var, value in (("IAS_VISION", "2"), ("IAS_VISION", "yes"), ("IAS_INBOX_MAX_MB", "0"),
+                           ("IAS_INBOX_MAX_MB", "1.5")):
+            with self.subTest(var=var, value=value), self.assertRaisesRegex(ConfigError, var):
+                load(environ={var: value})

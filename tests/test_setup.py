@@ -43,9 +43,13 @@ class PresetsTest(unittest.TestCase):
     def test_arguments_fill_in_the_preset_and_take_the_key_from_the_environment(self):
         config = load(environ={"OPENAI_API_KEY": "sk-1", "IAS_DATA_DIR": "/nonexistent/ias"})
         self.assertEqual(from_arguments(config, "deepseek", None, None).settings(), {
-            "OPENAI_BASE_URL": "https://api.deepseek.com/v1", "OPENAI_API_KEY": "sk-1", "IAS_MODEL": "deepseek-chat"})
+            "OPENAI_BASE_URL": "https://api.deepseek.com/v1", "OPENAI_API_KEY": "sk-1", "IAS_MODEL": "deepseek-chat",
+            "IAS_VISION": "0"})
         self.assertEqual(from_arguments(config, "qwen", "qwen-max", "https://proxy/v1").settings(), {
-            "OPENAI_BASE_URL": "https://proxy/v1", "OPENAI_API_KEY": "sk-1", "IAS_MODEL": "qwen-max"})
+            "OPENAI_BASE_URL": "https://proxy/v1", "OPENAI_API_KEY": "sk-1", "IAS_MODEL": "qwen-max", "IAS_VISION": "0"})
+        # A preset whose model sees images says so; another model of the same provider is not assumed to.
+        self.assertEqual(from_arguments(config, "openai", None, None).settings()["IAS_VISION"], "1")
+        self.assertEqual(from_arguments(config, "openai", "gpt-3.5-turbo", None).settings()["IAS_VISION"], "0")
         keyless = load(environ={"IAS_DATA_DIR": "/nonexistent/ias"})
         self.assertEqual(from_arguments(keyless, "ollama", None, None).api_key, NO_KEY)
         self.assertEqual(from_arguments(keyless, "other", "m", "http://127.0.0.1:8000/v1").api_key, NO_KEY)
@@ -105,7 +109,7 @@ class SetupTest(unittest.TestCase):
         env_file = self.data / "ias.env"
         self.assertEqual(stat.S_IMODE(env_file.stat().st_mode), 0o600)
         self.assertEqual(envfile.read(env_file), {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test",
-                                                  "IAS_MODEL": "test-model"})
+                                                  "IAS_MODEL": "test-model", "IAS_VISION": "0"})
         plain, tooled = server.requests
         self.assertNotIn("tools", plain)
         self.assertEqual([t["function"]["name"] for t in tooled["tools"]], [PROBE_TOOL_NAME])

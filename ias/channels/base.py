@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from .. import limits
+from ..inbox import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class Inbound:
     text: str
     message_id: str | None = None
     inbound_id: int | None = None       # its row in the store's `inbound` table, once recorded
+    attachments: tuple[Attachment, ...] = ()    # files that came with it, stored in the owner's inbox
 
 
 @dataclass(frozen=True, slots=True)

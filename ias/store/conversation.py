@@ -73,17 +73,19 @@ class Conversation(Pool):
             return await cur.fetchone() is not None
 
     # -- inbound messages -------------------------------------------------------------------
-    async def record_inbound(self, channel: str, user_id: str, message_id: str | None, text: str) -> int | None:
-        """Record a message on arrival, pending; its row id, or None when its id was seen before (a
-        redelivery: not recorded again)."""
+    async def record_inbound(self, channel: str, user_id: str, message_id: str | None, text: str,
+                             attachments: list[dict] | None = None) -> int | None:
+        """Record a message on arrival, pending, with the records of its files (inbox.Attachment.record);
+        its row id, or None when its id was seen before (a redelivery: not recorded again)."""
         async with self._tx() as conn:
             if message_id is not None:
                 cur = await conn.execute("INSERT INTO seen_messages (channel, message_id) VALUES (%s, %s) "
                                          "ON CONFLICT DO NOTHING RETURNING 1", (channel, message_id))
                 if await cur.fetchone() is None:
                     return None
-            cur = await conn.execute("INSERT INTO inbound (channel, user_id, message_id, text) "
-                                     "VALUES (%s, %s, %s, %s) RETURNING id", (channel, user_id, message_id, text))
+            cur = await conn.execute("INSERT INTO inbound (channel, user_id, message_id, text, attachments) "
+                                     "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                                     (channel, user_id, message_id, text, Jsonb(attachments or [])))
             return (await cur.fetchone())["id"]
 
     async def finish_inbound(self, inbound_id: int) -> None:

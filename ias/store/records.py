@@ -102,6 +102,7 @@ class InboundRow:
     text: str
     received_at: datetime
     replays: int                   # how many starts handled it again already
+    attachments: Any               # the records of its files (JSON, read back by inbox.attachments)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,14 @@
 - `raw`: while it holds byte strings, the next request of any kind is answered with the first of
   them, written verbatim, and the connection closed (for malformed or oversized responses).
 
+- The CDN (reference/wechat-ilink-media.md) under `cdn_url` (`<base_url>/c2c`): `GET /download?
+  encrypted_query_param=P` and `GET /full/P` (a `full_url`) serve `files[P]`, ciphertext the test made
+  (`cdn_replies`: scripted failures first, `{"http": 500}`); `getuploadurl` records its body in
+  `upload_requests` and answers an `upload_full_url` (or an `upload_param` when `upload_full` is off),
+  or the next of `upload_replies`; `POST /upload` records the ciphertext in `uploads` and answers the
+  `x-encrypted-param` header `dl-N`, whose ciphertext is then in `files` too. `sendmessage` takes one
+  text, image (type 2) or file (type 4) item in the shapes of the protocol notes.
+
 Authenticated calls are checked for the required headers and `base_info`; a bad one is
 answered with an error and listed in `problems`, which tests expect to stay empty. Every
 request is recorded in `requests`.
@@ -32,7 +40,7 @@ from urllib.parse import parse_qs
 
 from tests.servers import JSONHandler, JSONServer
 
-AUTHENTICATED = ("/ilink/bot/getupdates", "/ilink/bot/sendmessage")
+AUTHENTICATED = ("/ilink/bot/getupdates", "/ilink/bot/sendmessage", "/ilink/bot/getuploadurl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,12 @@ class ILinkServer(JSONServer):
         self.sent: list[dict] = []
         self.stale = False
         self.raw: list[bytes] = []
+        self.files: dict[str, bytes] = {}
+        self.cdn_replies: list[dict] = []
+        self.upload_requests: list[dict] = []
+        self.upload_replies: list[dict] = []
+        self.uploads: list[dict] = []
+        self.upload_full = True
         self._ids = itertools.count(7_000_000_000_000_000_001)
         self._cond = threading.Condition()
         self._closing = False
@@ -82,8 +96,9 @@ class ILinkServer(JSONServer):
             def _handle(self, method: str) -> None:
                 path, _, query = self.path.partition("?")
                 raw = self.read_body()
+                self.read_body_raw = raw
                 try:
-                    body = json.loads(raw) if raw else None
+                    body = None if not raw or path.startswith("/c2c/") else json.loads(raw)
                 except ValueError:
                     body = raw
                 headers = self.lowered_headers()
@@ -94,6 +109,15 @@ class ILinkServer(JSONServer):
                 if raw is not None:
                     self.close_connection = True
                     self.wfile.write(raw)
+                    return
+                if path.startswith("/c2c/"):
+                    status, data, extra = server._cdn(method, path, params, self.read_body_raw)
+                    self.send_response(status)
+                    for name, value in {"Content-Type": "application/octet-stream", **extra}.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                     return
                 self.send_json(*server._route(method, path, params, headers, body))
 
@@ -149,6 +173,8 @@ class ILinkServer(JSONServer):
                 return 200, {"ret": -14, "errcode": -14, "errmsg": "session timeout"}
             if path.endswith("getupdates"):
                 return self._getupdates(body)
+            if path.endswith("getuploadurl"):
+                return 200, self._getuploadurl(body)
             return 200, self._sendmessage(body)
         return 404, {"ret": -1, "errmsg": f"no such endpoint: {method} {path}"}
 
@@ -225,13 +251,79 @@ class ILinkServer(JSONServer):
             return 200, {"ret": 0, "msgs": self.log[start:], "get_updates_buf": f"buf-{len(self.log)}",
                          "longpolling_timeout_ms": int(self.hold * 1000)}
 
+    @property
+    def cdn_url(self) -> str:
+        return f"{self.base_url}/c2c"
+
+    def full_url(self, param: str) -> str:
+        return f"{self.cdn_url}/full/{param}"
+
+    def _cdn(self, method: str, path: str, params: dict, body: bytes) -> tuple[int, bytes, dict]:
+        with self._cond:
+            step = self.cdn_replies.pop(0) if self.cdn_replies else None
+        if step is not None:
+            return step["http"], step.get("body", b""), step.get("headers", {})
+        if method == "GET" and (path == "/c2c/download" or path.startswith("/c2c/full/")):
+            param = params.get("encrypted_query_param") if path == "/c2c/download" else path[len("/c2c/full/"):]
+            data = self.files.get(param or "")
+            return (200, data, {}) if data is not None else (404, b"no such file", {})
+        if method == "POST" and path == "/c2c/upload":
+            with self._cond:
+                asked = [r for r in self.upload_requests if r.get("upload_param") == params.get("encrypted_query_param")]
+                if not asked or asked[-1]["filekey"] != params.get("filekey"):
+                    self.problems.append(f"upload to an unknown URL: {params}")
+                    return 400, b"", {"x-error-message": "unknown upload"}
+                reference = f"dl-{len(self.uploads) + 1}"
+                self.uploads.append({"request": asked[-1], "body": body, "reference": reference})
+                self.files[reference] = body
+            return 200, b"", {"x-encrypted-param": reference}
+        return 404, b"", {}
+
+    def _getuploadurl(self, body: dict) -> dict:
+        with self._cond:
+            param = f"up-{len(self.upload_requests) + 1}"
+            self.upload_requests.append({**body, "upload_param": param})
+            reply = self.upload_replies.pop(0) if self.upload_replies else None
+        if reply is not None:
+            return reply
+        if self.upload_full:
+            return {"upload_full_url": f"{self.cdn_url}/upload?encrypted_query_param={param}&filekey={body.get('filekey')}"}
+        return {"upload_param": param}
+
+    def received_files(self) -> list[tuple[int, str | None, bytes]]:
+        """Each image or file item sent, in order: (item type, file name (None for an image: the protocol
+        carries none), the uploaded bytes decrypted with the item's own `aes_key`)."""
+        from ias.channels.wechat.cdn import decrypt, parse_key
+        found = []
+        with self._cond:
+            for msg in self.sent:
+                item = msg["item_list"][0]
+                holder = item.get("image_item") or item.get("file_item")
+                if holder is not None:
+                    media = holder["media"]
+                    found.append((item["type"], holder.get("file_name"),
+                                  decrypt(parse_key(media["aes_key"]), self.files[media["encrypt_query_param"]])))
+        return found
+
+    @staticmethod
+    def _item_ok(item: dict) -> bool:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == 1:
+            return isinstance(item.get("text_item", {}).get("text"), str)
+        holder = item.get({2: "image_item", 4: "file_item"}.get(kind, ""), {})
+        media = holder.get("media", {})
+        if set(media) != {"encrypt_query_param", "aes_key", "encrypt_type"} or media["encrypt_type"] != 1:
+            return False
+        if kind == 2:
+            return isinstance(holder.get("mid_size"), int)
+        return isinstance(holder.get("file_name"), str) and isinstance(holder.get("len"), str)
+
     def _sendmessage(self, body: dict) -> dict:
         msg = body.get("msg") if isinstance(body, dict) else None
         items = msg.get("item_list") if isinstance(msg, dict) else None
         if not isinstance(msg, dict) or msg.get("from_user_id") != "" or not msg.get("to_user_id") \
                 or not str(msg.get("client_id", "")) or msg.get("message_type") != 2 or msg.get("message_state") != 2 \
-                or not isinstance(items, list) or len(items) != 1 or items[0].get("type") != 1 \
-                or not isinstance(items[0].get("text_item", {}).get("text"), str):
+                or not isinstance(items, list) or len(items) != 1 or not self._item_ok(items[0]):
             return self._problem(f"sendmessage with {body!r}")
         with self._cond:
             self.sent.append(msg)

@@ -15,23 +15,31 @@ and must echo that token.
 The long poll, the media notes and the deliveries to the router run under the supervisor the channel
 is given (its CHANNELS group): a crash of the long poll is a crash of the daemon.
 
-Deliberately not handled: media (images, files, video and voice without a transcript get a
-short note: downloading them needs the CDN and AES-128-ECB), sending media, typing indicators
-(`getconfig`/`sendtyping`), `msg/notifystart|stop`, group chats, several bots.
+Media (`media.py`, the CDN in `cdn.py`): images, files, videos and voice without a transcript are
+downloaded into the owner's inbox before the message is recorded (a redelivery's copies are removed
+again) and reach the router as the Inbound's attachments; what failed is told to the owner in one line.
+`send_file` uploads a file and sends it as one image or file item (its caption first, as text). A channel
+built without `media` answers media with a short note instead.
+
+Deliberately not handled: typing indicators (`getconfig`/`sendtyping`), `msg/notifystart|stop`, group
+chats, several bots.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ... import limits
 from ...errors import IasError, StoreError
 from ...supervisor import CHANNELS, Supervisor
 from .ilink import (BOT_MESSAGE, CHANNEL, CURSOR, FINISHED, GET_UPDATES, PEER, SEND_MESSAGE, STALE, STALE_MARK, TEXT,
-                     USER_MESSAGE, VOICE, Credentials, ILink, WeChatError, error_code)
+                     USER_MESSAGE, Credentials, ILink, WeChatError, error_code)
+from .media import Media, parse
 from ..base import FAILED, SENT, SHUT, UNKNOWN, Channel, Deliver, Inbound, Window
 
 log = logging.getLogger(__name__)
@@ -45,22 +53,6 @@ STALE_NOTE = ("微信登录已失效（iLink -14），iAs 已停止接收微信�
               "`python ias.py wechat login` 重新登录，然后重启 iAs。\n"
               "WeChat session expired (iLink -14): polling stopped. Run `python ias.py wechat login`, "
               "then restart iAs.")
-
-
-def _items(items: Any) -> tuple[str, bool]:
-    """(the text of text items and voice transcripts, whether anything else came along)."""
-    texts, other = [], False
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
-        holder = item.get("text_item") if kind == TEXT else item.get("voice_item") if kind == VOICE else None
-        text = holder.get("text") if isinstance(holder, dict) else None
-        if isinstance(text, str) and text.strip():
-            texts.append(text)
-        elif kind != TEXT:          # media, or voice without a transcript
-            other = True
-    return "\n".join(texts), other
 
 
 @dataclass(slots=True)
@@ -92,8 +84,10 @@ class WeChatChannel(Channel):
                  on_stale: Callable[[str], Awaitable[None]] | None = None,
                  retry_delay: float = limits.WECHAT_RETRY_DELAY, backoff_delay: float = limits.WECHAT_BACKOFF_DELAY,
                  window: float = limits.WECHAT_REPLY_WINDOW, budget: int = limits.WECHAT_SEND_BUDGET,
-                 send_timeout: float = limits.WECHAT_SEND_TIMEOUT, supervisor: Supervisor | None = None):
+                 send_timeout: float = limits.WECHAT_SEND_TIMEOUT, supervisor: Supervisor | None = None,
+                 media: Media | None = None):
         self.store = store
+        self.media = media                  # None: media is answered with a note, not downloaded
         self.supervisor = supervisor or Supervisor()     # None: one of its own (tests)
         self._notes = self.supervisor.scope("wechat notes")     # our own sends (media notes): cancelled on stop
         self.credentials = credentials
@@ -206,22 +200,28 @@ class WeChatChannel(Channel):
             return
         raw_id = message.get("message_id")
         message_id = None if raw_id in (None, "") else str(raw_id)
-        text, other = _items(message.get("item_list"))
+        text, items = parse(message.get("item_list"))
+        attachments, notes = (), [MEDIA_MIXED if text else MEDIA_ONLY] if items else []
+        if items and self.media is not None:
+            attachments, notes = await self.media.receive(items)
         inbound_id = unrecorded = None
         try:
-            if text:        # recorded, pending until handled; its id marked seen in the same transaction
-                inbound_id = await self.store.record_inbound(CHANNEL, sender, message_id, text)
+            if text or attachments:     # recorded, pending until handled; its id marked seen in the same transaction
+                inbound_id = await self.store.record_inbound(CHANNEL, sender, message_id, text,
+                                                             [a.record() for a in attachments])
                 fresh = inbound_id is not None
             else:
                 fresh = message_id is None or await self.store.mark_seen(CHANNEL, message_id)
         except StoreError as exc:
-            if not text or message_id is None:
+            if not (text or attachments) or message_id is None:
+                _remove(attachments)
                 raise
             # The router holds it until the database is back (and tells the owner once); the error
             # still ends the batch, so the cursor stays and the service gives it again.
             unrecorded, fresh = exc, True
         if not fresh:
             log.info("WeChat: message %s was already handled", message_id)
+            _remove(attachments)
             return
         peer = await self._peer(sender)
         token = message.get("context_token")
@@ -233,15 +233,15 @@ class WeChatChannel(Channel):
             await self._save(sender, peer)
         except IasError as exc:     # already recorded: deliver anyway, the values are kept in memory
             log.error("WeChat: could not store the context of message %s: %s", message_id, exc)
-        log.info("WeChat: message %s from the owner (%d characters%s)", message_id, len(text),
-                 ", unsupported items" if other else "")
-        if other:
-            self._notes.spawn(self._note(sender, MEDIA_MIXED if text else MEDIA_ONLY), "wechat media note")
-        if text and self._deliver is not None:
+        log.info("WeChat: message %s from the owner (%d characters, %d files)", message_id, len(text),
+                 len(attachments))
+        for note in notes:
+            self._notes.spawn(self._note(sender, note), "wechat media note")
+        if (text or attachments) and self._deliver is not None:
             # Not awaited: a turn can take minutes, and an approval reply must get through meanwhile.
             # Tasks start in creation order; the router keeps the turns of one user in order (the router
             # cancels its turns itself).
-            self.supervisor.spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id, inbound_id)),
+            self.supervisor.spawn(self._deliver(Inbound(CHANNEL, sender, text, message_id, inbound_id, attachments)),
                                   "wechat delivery", group=CHANNELS)
         if unrecorded is not None:
             raise unrecorded
@@ -335,12 +335,13 @@ class WeChatChannel(Channel):
             await self._save(user_id, peer)
             return outcome
 
-    async def _request(self, user_id: str, text: str, peer: _Peer, client_id: str) -> str:
-        """One sendmessage request: SENT (ret 0), SHUT (ret -2 or -14), UNKNOWN (no answer within the send
-        timeout: the service may still complete it), FAILED (anything else)."""
+    async def _request(self, user_id: str, text: str, peer: _Peer, client_id: str, item: dict | None = None) -> str:
+        """One sendmessage request of `text`, or of one media `item` (`text` then names it in the log): SENT
+        (ret 0), SHUT (ret -2 or -14), UNKNOWN (no answer within the send timeout: the service may still
+        complete it), FAILED (anything else)."""
         message = {"from_user_id": "", "to_user_id": user_id, "client_id": client_id,
                    "message_type": BOT_MESSAGE, "message_state": FINISHED,
-                   "item_list": [{"type": TEXT, "text_item": {"text": text}}]}
+                   "item_list": [item or {"type": TEXT, "text_item": {"text": text}}]}
         if peer.context_token:
             message["context_token"] = peer.context_token
         try:
@@ -360,5 +361,40 @@ class WeChatChannel(Channel):
             log.warning("WeChat: sendmessage %s to %s refused: ret %d %s", client_id, user_id, code,
                         reply.get("errmsg") or "")
             return SHUT if code == OUT_OF_WINDOW else FAILED
-        log.info("WeChat: sent %s to %s (%d characters)", client_id, user_id, len(text))
+        log.info("WeChat: sent %s to %s (%s)", client_id, user_id, text if item else f"{len(text)} characters")
         return SENT
+
+    async def send_file(self, user_id: str, path: Path, caption: str | None = None,
+                        client_id: str | None = None) -> str:
+        """Send the file at `path` as one image or file item, its caption first as a text message: SENT,
+        SHUT, FAILED or UNKNOWN as `post`. Each message counts against the budget; the caller checked the
+        room (the outbox does). A failed upload is FAILED (retried later), never a logout."""
+        if self.stale:
+            return SHUT
+        if self.media is None:
+            log.warning("WeChat: cannot send %s: this channel was built without media", path.name)
+            return FAILED
+        client_id = client_id or f"ias-{uuid.uuid4().hex}"
+        peer = await self._peer(user_id)
+        async with peer.sending:
+            try:
+                item = await self.media.upload(self._api, user_id, peer.context_token, path)
+            except (OSError, IasError) as exc:
+                log.warning("WeChat: the file %s for %s was not uploaded: %s", path.name, user_id, exc)
+                return FAILED
+            parts = ([(caption, None, f"{client_id}-caption")] if caption and caption.strip() else []) + \
+                [(path.name, item, client_id)]
+            for text, media_item, part_id in parts:
+                outcome = await self._request(user_id, text, peer, part_id, media_item)
+                if outcome in (SENT, UNKNOWN):
+                    peer.sent += 1
+                if outcome != SENT:
+                    break
+            await self._save(user_id, peer)
+            return outcome
+
+
+def _remove(attachments) -> None:
+    """Remove stored files of a message that is not handled (a redelivery, or not recorded)."""
+    for attachment in attachments:
+        attachment.path.unlink(missing_ok=True)

@@ -11,7 +11,8 @@ Every response is bounded (WECHAT_HEADERS_MAX header lines, WECHAT_RESPONSE_MAX 
 caller's timeout for the whole exchange); a malformed one is a WeChatError.
 
 Deliberately not handled: HTTP proxies, keep-alive connections, redirects, compressed bodies
-(`Accept-Encoding: identity` is sent), the optional endpoints (`getconfig`, `sendtyping`, CDN).
+(`Accept-Encoding: identity` is sent), the optional endpoints (`getconfig`, `sendtyping`). The CDN, whose
+transfers are larger than WECHAT_RESPONSE_MAX and carry no iLink headers, has its own client (`cdn.py`).
 """
 from __future__ import annotations
 
