@@ -109,7 +109,7 @@ async def _bench_app(fixture: str):
 
 
 async def bench_gate() -> None:
-    """Runner overhead (Low call through the gate vs bare bash -c) and approval latency."""
+    """Runner overhead (Low call through the gate vs bare bash -c), approval latency, a granted call's overhead."""
     from dataclasses import replace
     from ias.sandbox import Policy
     from tests.support import FakeOwner, granted
@@ -175,6 +175,27 @@ async def bench_gate() -> None:
         lat = statistics.median(latencies) * 1000
         report(f"approval latency: reply received -> skill started {lat:.1f} ms median, "
                f"{max(latencies) * 1000:.1f} ms max (target <= 50 ms)", lat <= 50)
+
+        # A granted High call against the same script run as a Low skill: what finding and using the grant costs.
+        owner, params = FakeOwner(), {"marker": str(marker), "note": "granted"}
+        task = asyncio.create_task(gate.call("bench", "mark_high", params, owner.notify))
+        await approvals.redeem("bench", await owner.code() + "+1d")
+        await task
+        registry.skills["mark_low"] = replace(registry.get("mark_high"), name="mark_low", risk="low")
+
+        async def never_asked(text: str) -> bool:
+            return False                    # a call that asks is not granted: it fails the assertion below
+
+        low_t, granted_t = [], []
+        for _ in range(rounds):
+            for name, sink in (("mark_low", low_t), ("mark_high", granted_t)):
+                start = time.perf_counter()
+                result = await gate.call("bench", name, params, never_asked)
+                sink.append(time.perf_counter() - start)
+                assert result["success"], result
+        low, grant = (statistics.median(t) * 1000 for t in (low_t, granted_t))
+        report(f"grants: granted High call {grant:.1f} ms vs the same script as a Low call {low:.1f} ms = "
+               f"+{grant - low:.1f} ms (median of {rounds}; target <= +5 ms)", grant - low <= 5)
 
 
 async def bench_mcp() -> None:

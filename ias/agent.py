@@ -100,29 +100,32 @@ class Agent:
         self.inbox = inbox              # where the owner's files are (read for a vision model)
         self.vision = vision            # the model sees images (IAS_VISION)
         self.memory = memory            # the owner's long-term memories: a block of each system prompt
-        self.slash = Slash(registry, gate, store, status=status, memory=memory)    # the owner's /commands
+        self.slash = Slash(registry, gate, store, status=status, memory=memory,     # the owner's /commands
+                           grants=gate.grants)
 
     async def turn(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
-                   for_owner: list | None = None) -> str:
+                   for_owner: list | None = None, task_id: int | None = None) -> str:
         """Answer one message (and the files that came with it); `notify` reaches the owner for approvals
         during the turn; `for_owner` collects the files the turn's skill calls return for the owner (sent
-        after the reply; None: not sent)."""
+        after the reply; None: not sent); `task_id`: the scheduled task whose prompt it is (its grants
+        apply, and a grant approved in it is bound to it)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
         if text.startswith("/") and not files:
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
-        return await self.chat(user_id, text, notify, files, for_owner=for_owner)
+        return await self.chat(user_id, text, notify, files, for_owner=for_owner, task_id=task_id)
 
     async def chat(self, user_id: str, text: str, notify: Notify | None, files: tuple[Attachment, ...] = (), *,
-                   for_owner: list | None = None) -> str:
+                   for_owner: list | None = None, task_id: int | None = None) -> str:
         """A turn with the model, within the turn deadline; the owner's message and what came of it are
         stored whatever happened (a failure or a stall ends in one line to the owner)."""
         from .llm import KeyRefused, LLMError, ToolsRefused
         content, current = await self._content(text, files)
         new: list[dict] = [{"role": "user", "content": content}]
         clock = TurnClock(self.turn_timeout)
+        clock.task_id = task_id
         try:
             async with clock.deadline():
                 with memory_turn(text):             # the gate marks it tainted; `remember` reads it

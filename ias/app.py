@@ -29,6 +29,7 @@ from .channels.wechat.media import Media
 from .channels.wechat.login import credentials
 from .config import Config
 from .gate import Gate
+from .grants import Grants
 from .monitor import DatabaseMonitor
 from .notifiers import Fallback, configured
 from .outbox import Outbox
@@ -98,17 +99,19 @@ def build(config: Config, store: Store, *, llm: LLM | None = None, key: bytes | 
     supervisor = supervisor or Supervisor()
     skills = registry(config)
     runner = make_runner(config)
-    approvals = Approvals(store, load_key(config.key_file) if key is None else key, config.approval_timeout)
+    key = load_key(config.key_file) if key is None else key
+    grants = Grants(store, key, now)
+    approvals = Approvals(store, key, config.approval_timeout, grants=grants)
     catalog = make_catalog(config, skills)
     mcp = Servers(skills, runner, config.mcp_cache, config.allow_risk_downgrade, tells_owner=bool(channels),
                   supervisor=supervisor)
     memory = Memory(store)
     handlers = Handlers(store, skills, catalog.search, memory)
     gate = Gate(skills, {"script": runner, "builtin": handlers, "mcp": mcp}, store, approvals, mcp,
-                supervisor=supervisor)
+                supervisor=supervisor, grants=grants)
     budget = Budget(store, config.daily_tokens, **({"now": now} if now is not None else {}))
     status = Status(config, store, budget, approvals, runner.sandbox, primary,
-                    has_model=llm is not None, **({"now": now} if now is not None else {}))
+                    has_model=llm is not None, grants=grants, **({"now": now} if now is not None else {}))
     agent = Agent(skills, gate, store, llm, catalog=catalog, now=now, turn_timeout=config.turn_timeout,
                   monitor=monitor, budget=budget, status=status, inbox=make_inbox(config),
                   vision=bool(config.vision), memory=memory)

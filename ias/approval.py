@@ -8,8 +8,8 @@ being that copy (user, skill, params, HMAC), so a code works at most once even w
 replies, and what runs is the copy the owner saw: a database writer who approves, edits or
 deletes the row gets a `tampered` ending, never a run. The store gets finished values: the HMAC
 over the params as the row will hold them (`Store.normalised`), and each transition's audit row.
-The message shows characters by an allow-list (`escape_visible`) and labels only what the
-skill's schema declares.
+The message itself is confirmation.py's. A code may carry a grant suffix (SPEC §12: `+1h`, `+1d`,
+`+N次`): the approval then also creates the grant (grants.py), bound to the approved row.
 The time limit is the daemon's own, on the monotonic clock: the wait's timer, and a deadline
 checked before each code. The row's `expires_at` is stamped by the database's wall clock and
 only informs; a jump of the wall clock neither ends an approval early nor keeps it open.
@@ -35,10 +35,11 @@ from typing import Awaitable, Callable
 
 from .audit import redact
 from .clock import SYSTEM
+from .confirmation import MAX_ATTEMPTS, canonical, fits, render
 from .errors import ConfigError, StoreError
-from .limits import APPROVALS_PER_TURN, SPACES_RUN_MAX, WECHAT_TEXT_MAX
+from .grants import SUFFIX_HELP, Grants, Term, term as grant_term
+from .limits import APPROVALS_PER_TURN
 from .locks import UserLocks
-from .outgoing import file_note
 from .skills import Skill
 from .store import Approval, AuditEntry, Store
 
@@ -46,8 +47,7 @@ log = logging.getLogger(__name__)
 
 HASH_VERSION = "v1"
 KEY_MIN_BYTES = 32
-MAX_ATTEMPTS = 3                 # also the schema default of attempts_left
-CODE_RE = re.compile(r"[0-9]{6}")
+CODE_RE = re.compile(r"[0-9]{6}(\+.*)?", re.DOTALL)     # the suffix asks for a grant (grants.py)
 CANCEL_WORDS = ("0", "取消")
 
 # Send a text to the owner: True (delivered), False (cannot be), or an asyncio.Event set once a message
@@ -97,10 +97,6 @@ def new_code() -> str:
     return f"{secrets.randbelow(10 ** 6):06d}"
 
 
-def canonical(params: dict) -> str:
-    return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def code_hash(key: bytes, approval_id: uuid.UUID, user_id: str, skill_name: str, params: dict, code: str) -> str:
     """HMAC-SHA256 over one JSON array binding the code to this exact approval and call."""
     message = json.dumps([HASH_VERSION, str(approval_id), user_id, skill_name, canonical(params), code],
@@ -108,135 +104,10 @@ def code_hash(key: bytes, approval_id: uuid.UUID, user_id: str, skill_name: str,
     return f"{HASH_VERSION}:" + hmac.new(key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-# SPEC §6.4's allow-list: the characters the owner's message shows as they are. Every other one
-# is shown as an escape, `\u{0430}`, and marks its line. Beyond printable ASCII and the CJK
-# ideographs (unified, every extension, compatibility; assigned ones only, by their names), only
-# the punctuation of Chinese text: CJK brackets and marks, the fullwidth forms of ASCII
-# punctuation, the yen/yuan sign, curly quotes, ellipsis, em dash and middle dot. Left out on
-# purpose: the ideographic and half fill spaces, tone marks (combining), Hangzhou numerals (〡
-# reads as |), Kangxi and supplementary radicals (drawn like ideographs), fullwidth letters and
-# digits (look-alikes of ASCII), the fullwidth backslash (it would draw an escape), halfwidth
-# forms, the en dash (reads as a hyphen).
-PUNCTUATION = frozenset(
-    "、。〃々〆〇〈〉《》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟"
-    "！＂＃＄％＆＇（）＊＋，－．／：；＜＝＞？＠［］＾＿｀｛｜｝～￥"
-    "“”‘’…—·")
-IDEOGRAPH_NAMES = ("CJK UNIFIED IDEOGRAPH-", "CJK COMPATIBILITY IDEOGRAPH-")
-SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-SPECIAL_MARK = " ⚠️含特殊字符"        # ends a parameter line whose label or value shows an escape
-
-
-def _allowed(char: str) -> bool:
-    code = ord(char)
-    if 0x20 <= code < 0x7F:
-        return True
-    return char in PUNCTUATION or (code >= 0x3400 and unicodedata.name(char, "").startswith(IDEOGRAPH_NAMES))
-
-
-def _code_point(char: str) -> str:
-    return f"\\u{{{ord(char):04x}}}"
-
-
-def escape_visible(text: str) -> tuple[str, bool]:
-    """`text` as the owner's message shows it, and whether any character had to be escaped.
-
-    Shown as is: the allow-list above, and plain spaces except at either end or in runs longer
-    than SPACES_RUN_MAX (padding). Every other character is an escape: `\\n`, `\\t`, `\\r`,
-    else `\\u{hex}`. A backslash is doubled where it would otherwise read as the start of an
-    escape (before n, t, r, u or another backslash), so a value cannot draw an escape it lacks
-    and the shown text reads back to exactly one text.
-    """
-    pieces: list[str] = []
-    special = False
-    i, n = 0, len(text)
-    while i < n:
-        char = text[i]
-        if char == " ":
-            j = i
-            while j < n and text[j] == " ":
-                j += 1
-            if i == 0 or j == n or j - i > SPACES_RUN_MAX:
-                pieces += [_code_point(" ")] * (j - i)
-                special = True
-            else:
-                pieces.append(" " * (j - i))
-            i = j
-            continue
-        if _allowed(char):
-            pieces.append(char)
-        else:
-            pieces.append(SHORT_ESCAPES.get(char) or _code_point(char))
-            special = True
-        i += 1
-    for k in range(len(pieces) - 2, -1, -1):          # from the end: a doubled one counts for the next
-        if pieces[k] == "\\" and pieces[k + 1][0] in "\\ntru":
-            pieces[k] = "\\\\"
-    return "".join(pieces), special
-
-
-def _minutes(timeout: float) -> str:
-    return f"{int(timeout // 60)}分钟" if timeout % 60 == 0 else f"{timeout:g}秒"
-
-
-HEADER = "⚠️ 操作确认"
-# The message's own words: a label holding one of them is quoted, so it never reads as the message.
-OWN_WORDS = ("操作确认", "技能", "参数", "确认码", "回复", "取消", "有效", "尝试")
-
-UNDECLARED = "未声明参数 "          # before the key of a parameter the schema's `properties` does not declare
-
-
-def _label(key: str, spec: object) -> tuple[str, bool]:
-    """A declared parameter's label for people: its `title`, else its key; quoted if it echoes the
-    message. Also whether it shows an escape."""
-    title = spec.get("title") if isinstance(spec, dict) else None
-    label = title.strip() if isinstance(title, str) and title.strip() else key
-    label, special = escape_visible(label[:WECHAT_TEXT_MAX + 1])       # cut: see _line()
-    if any(word in unicodedata.normalize("NFKC", label) for word in OWN_WORDS):
-        label = f"「{label}」"
-    return label, special
-
-
-def _line(label: str, special: bool, value: object) -> str:
-    """One parameter line: always "· ", never a raw line break; marked when it shows an escape."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-    # Escaping never shortens, so a value cut past one message's length still cannot fit:
-    # the cut only keeps a 10 MB argument from costing seconds before it is refused.
-    shown, escaped = escape_visible(text[:WECHAT_TEXT_MAX + 1])
-    return f"· {label}：{shown}{SPECIAL_MARK if special or escaped else ''}"
-
-
-def render(row: Approval, code: str, timeout: float, parameters: dict | None = None) -> str:
-    """The owner's confirmation message (SPEC §6.4), from the daemon's copy of the row (never model text).
-
-    `parameters` is the skill's schema: its `properties` give labels and order. A parameter it
-    does not declare comes after the declared ones as `未声明参数 KEY`, so the model never
-    chooses a label. Every parameter line starts with "· " and shows only allow-listed
-    characters (the rest escaped, the line marked), so no parameter can pose as a line of the
-    message itself or hide what it holds. The result may be longer than one WeChat message;
-    such a message is never sent (`fits`), and only then may a value be cut short.
-    """
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    declared = [k for k in properties if k in row.params] if isinstance(properties, dict) else []
-    lines = [HEADER, "", f"技能：{escape_visible(row.skill_name)[0]}", "参数："]
-    for key in declared:
-        lines.append(_line(*_label(str(key), properties[key]), row.params[key]) + file_note(properties[key], row.params[key]))
-    for key in sorted(k for k in row.params if k not in declared):
-        shown, special = escape_visible(str(key)[:WECHAT_TEXT_MAX + 1])
-        lines.append(_line(UNDECLARED + shown, special, row.params[key]))
-    if not row.params:
-        lines.append("（无）")
-    lines += ["", f"确认码：{code}", "回复确认码以继续", "回复 0 或「取消」以取消",
-              f"({_minutes(timeout)}内有效，最多{MAX_ATTEMPTS}次尝试)"]
-    return "\n".join(lines)
-
-
-def fits(message: str) -> bool:
-    """Whether a confirmation message goes out as one WeChat message (never split across several)."""
-    return len(message) <= WECHAT_TEXT_MAX
-
 
 def parse_reply(text: str) -> str | None:
-    """'code' for exactly six ASCII digits, 'cancel' for 0/取消, None for anything else (after NFKC)."""
+    """'code' for exactly six ASCII digits, alone or with a `+` suffix (a grant, well-formed or not), 'cancel'
+    for 0/取消, None for anything else (after NFKC and strip)."""
     normal = unicodedata.normalize("NFKC", text).strip()
     if normal in CANCEL_WORDS:
         return "cancel"
@@ -255,11 +126,13 @@ class Outcome:
 
 
 class TurnBudget:
-    """The approvals asked during one owner message (one agent turn): at most APPROVALS_PER_TURN."""
-    __slots__ = ("asked",)
+    """The approvals asked during one owner message (one agent turn): at most APPROVALS_PER_TURN; and the
+    scheduled task whose turn it is (None: the owner's own message), which a grant approved in it is bound to."""
+    __slots__ = ("asked", "task_id")
 
-    def __init__(self) -> None:
+    def __init__(self, task_id: int | None = None) -> None:
         self.asked = 0
+        self.task_id = task_id
 
 
 @dataclass(slots=True)
@@ -269,6 +142,7 @@ class _Waiter:
     done: asyncio.Future
     lock: asyncio.Lock          # one transition at a time, so a settled outcome is never second-guessed
     deadline: float = float("inf")      # monotonic; set when the wait starts, after the message went out
+    task_id: int | None = None          # the scheduled task whose turn asked (a grant approved here is its)
 
 
 def _tampering(row: Approval | None, bound: Approval) -> str | None:
@@ -294,8 +168,10 @@ class Approvals:
     the approval ends `tampered` (the model hears it was not confirmed), whatever ends it.
     """
 
-    def __init__(self, store: Store, key: bytes, timeout: float, monotonic: Callable[[], float] = SYSTEM.monotonic):
+    def __init__(self, store: Store, key: bytes, timeout: float, monotonic: Callable[[], float] = SYSTEM.monotonic,
+                 grants: Grants | None = None):
         self.store = store
+        self.grants = grants            # makes the grant a code's suffix asks for (None: a suffix is ignored)
         self.key = key
         self.timeout = timeout
         self.monotonic = monotonic
@@ -331,9 +207,10 @@ class Approvals:
         if turn is not None:
             turn.asked += 1
         async with self._turns.hold(user_id):
-            return await self._request(user_id, skill, params, notify)
+            return await self._request(user_id, skill, params, notify, None if turn is None else turn.task_id)
 
-    async def _request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None) -> Outcome:
+    async def _request(self, user_id: str, skill: Skill, params: dict, notify: Notify | None,
+                       task_id: int | None) -> Outcome:
         approval_id = uuid.uuid4()
         code = new_code()
         try:
@@ -350,7 +227,7 @@ class Approvals:
         # The daemon's copy: what it hashed and renders, whatever the INSERT returned (a trigger may rewrite it).
         bound = Approval(approval_id, row and row.created_at, row and row.expires_at, user_id, skill.name, stored,
                          hashed, MAX_ATTEMPTS, "pending", None, None)
-        waiter = _Waiter(bound, skill, asyncio.get_running_loop().create_future(), asyncio.Lock())
+        waiter = _Waiter(bound, skill, asyncio.get_running_loop().create_future(), asyncio.Lock(), task_id=task_id)
         self._waiting[user_id] = waiter
         try:
             if _tampering(row, bound) is not None:
@@ -454,13 +331,18 @@ class Approvals:
         if kind == "cancel":
             outcome = await self._close(waiter, "rejected", "cancel")
             return f"已取消：{name}" if outcome.status == "rejected" else self._ended(outcome, name)
+        normal = unicodedata.normalize("NFKC", text).strip()
+        asked = grant_term(normal[6:]) if len(normal) > 6 else None
+        if len(normal) > 6 and asked is None:
+            return SUFFIX_HELP                  # a malformed grant suffix costs no attempt
         async with waiter.lock:
             if (settled := self._settled(waiter)) is not None:
                 return self._ended(settled, name)
-            return await self._try_code(waiter, unicodedata.normalize("NFKC", text).strip())
+            return await self._try_code(waiter, normal[:6], asked)
 
-    async def _try_code(self, waiter: _Waiter, code: str) -> str:
-        """One code attempt against the daemon's copy, under the waiter's lock; the text to answer."""
+    async def _try_code(self, waiter: _Waiter, code: str, asked: Term | None = None) -> str:
+        """One code attempt against the daemon's copy, under the waiter's lock; the text to answer. A right
+        code with a grant suffix (`asked`) also creates the grant (the approving call is its first use)."""
         bound, name, risk = waiter.approval, waiter.skill.name, waiter.skill.risk
         if self.monotonic() >= waiter.deadline:         # its time is up; the timer has not fired yet
             return self._ended(await self._close_locked(waiter, "expired", "timeout"), name)
@@ -471,8 +353,11 @@ class Approvals:
                 return self._ended(await self._unmatched(waiter), name)
             if _tampering(won, bound) is not None:           # the approving UPDATE returned another row
                 return self._ended(await self._tampered(waiter, won), name)
-            self._settle(waiter, Outcome("approved", replace(bound, status="approved")))
-            return f"已确认，正在执行：{name}"
+            approved = replace(bound, status="approved")
+            self._settle(waiter, Outcome("approved", approved))     # first: nothing may come between it and approve
+            note = "" if asked is None or self.grants is None else \
+                await self.grants.create(approved, waiter.skill, asked, waiter.task_id)
+            return f"已确认，正在执行：{name}{note}"
         spent = await self.store.spend_attempt(bound, self._entry(bound, "wrong_code", risk, "wrong code"),
                                                within_deadline=True)
         if spent is None or _tampering(spent, bound) is not None:

@@ -16,6 +16,9 @@ start can give each call whose process died mid-run a `skill_interrupted` row �
 Which executor runs a skill is looked up by `Skill.kind` in the mapping the gate is given
 (outcome.py: every executor returns one `Outcome`, which alone fills `skill_finished`); the
 gate never asks how a skill runs. A call in flight is one frozen `Call`.
+
+A High call first looks for a grant (grants.py) of its user, skill and exact parameters (and task):
+one that is used runs the call without asking, decision `granted`, the grant's id in the call tag.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 from . import jsonschema as schema, outgoing, results
 from .approval import Approvals, Notify, TurnBudget
+from .grants import Grants
 from .audit import redact
 from .limits import ARGUMENTS_MAX, TOOL_NAME_SHOWN
 from .memory import taint
@@ -51,7 +55,7 @@ class Call:
     user_id: str
     skill: Skill
     approval_id: int | None       # the owner's approval of a High call; None for a Low one
-    decision: str                 # "auto" | "approved"
+    decision: str                 # "auto" | "approved" | "granted"
     tag: str                      # `detail` of its skill_started and skill_finished rows (call_tag)
     started: float                # time.monotonic() when it started
     notify: Notify | None         # reaches the owner when the end of an approved call cannot be saved
@@ -61,12 +65,13 @@ class Gate:
     """Validation, the approval of High-risk calls, the run itself and its audit rows."""
 
     def __init__(self, registry: Registry, executors: Mapping[str, Executor], store: Store, approvals: Approvals,
-                 mcp=None, *, supervisor: Supervisor):
+                 mcp=None, *, supervisor: Supervisor, grants: Grants | None = None):
         self.registry = registry
         self.executors = executors       # Skill.kind -> what runs skills of that kind
         self.mcp = mcp                   # mcp.Servers: finds the tools of a server never listed yet
         self.store = store
         self.approvals = approvals
+        self.grants = grants             # High calls the owner granted ahead (None: every one asks)
         self.supervisor = supervisor     # records each call's end; its RECORDS group holds the calls running
         self.records = supervisor.scope(RECORDS)
         self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
@@ -102,7 +107,13 @@ class Gate:
 
         approval_id = None
         decision = "auto"
-        if skill.high:
+        tag = call_tag()
+        grant = None
+        if skill.high and self.grants is not None:
+            grant = await self.grants.use(user_id, skill, params, turn.task_id if turn is not None else None)
+        if grant is not None:               # the approved params, as the grant's verified row holds them
+            params, decision, tag = grant.params, "granted", f"{tag} grant={grant.id}"
+        elif skill.high:
             outcome = await self.approvals.request(user_id, skill, params, notify, turn)
             if outcome.status != "approved":
                 return results.refused(outcome.status, name)
@@ -112,7 +123,6 @@ class Gate:
             approval_id = outcome.approval.id
             decision = "approved"
 
-        tag = call_tag()
         await self.store.audit(AuditEntry("skill_started", user_id=user_id, skill_name=name, params=redact(params),
                                           risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
         call = Call(user_id, skill, approval_id, decision, tag, time.monotonic(), notify)
@@ -198,7 +208,7 @@ class Gate:
 # -- the end of a run: what the owner hears when it was not saved, and the tag matching its audit rows --
 
 NOT_SAVED = "操作已执行，但结果暂未能保存（数据库恢复后补记）：{name}"
-_CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)")
+_CALL_TAG = re.compile(r"call=[0-9a-f]{32} pid=(\d+) start=(\d+)(?: grant=\d+)?")
 
 
 def call_tag() -> str:

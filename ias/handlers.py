@@ -111,7 +111,7 @@ class Handlers:
         result = {"success": True, "id": row.id, "status": row.status}
         if row.status != "active":
             result["note"] = (f"this turn read outside content, so the memory is kept unverified and not used "
-                              f"until the owner confirms it with /memory ok {row.id}")
+                              f"until the owner checks it (/memory ok {row.id})")
         return result
 
     async def memory_recall(self, params: dict, user_id: str) -> dict:

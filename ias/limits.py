@@ -200,3 +200,14 @@ MEDIA_SEND_FILES_MAX = 5            # files one skill result may send; the rest 
 MEDIA_SEND_NAME_MAX = 100           # characters of a sent file's name kept (the rest of a longer name is cut)
 MEDIA_CAPTION_MAX = 1000            # characters of a file's caption kept (sent as a text message before the file)
 OUTGOING_KEEP = 3600.0              # seconds an outgoing copy no queued message names is kept before it is removed
+
+# Grants (ias/grants.py): later equal High calls that run without a new code (SPEC 12)
+GRANT_HOUR = 3600                   # seconds a `CODE+1h` grant lasts
+GRANT_DAY = 86400                   # seconds a `CODE+1d` grant lasts
+GRANT_USES_MAX = 20                 # N of `CODE+N次` at most (the approving call counts as the first)
+GRANT_COUNT_LIFE = 30 * 86400       # seconds a count grant lasts at most, so no grant lives forever
+GRANT_CAPPED = 3600                 # seconds any grant of execute_shell or an `- unconfined` skill lasts at most
+GRANT_CANDIDATES_MAX = 8            # rows one lookup reads for a call (equal grants of one user are rare)
+GRANT_USE_TRIES = 3                 # compare-and-set attempts of one use when equal calls race for a grant
+GRANTS_LISTED_MAX = 50              # grants /grants lists
+GRANT_PARAMS_SHOWN = 300            # characters of a grant's parameters /grants shows (the rest cut, marked …)

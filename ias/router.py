@@ -216,15 +216,16 @@ class Router:
             return await self._agent_turn(message.user_id, message.text, channel, message.attachments,
                                           for_owner=for_owner)
 
-    async def turn(self, user_id: str, text: str, channel: Channel, *, for_owner: list | None = None) -> str:
+    async def turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None, *,
+                   for_owner: list | None = None) -> str:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
         to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
         so turns side by side do not interleave it; approvals queue per user)."""
         async with self._task_turns.hold(user_id):
-            return await self._agent_turn(user_id, text, channel, for_owner=for_owner)
+            return await self._agent_turn(user_id, text, channel, task_id=task_id, for_owner=for_owner)
 
-    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=(), *,
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=(), task_id: int | None = None, *,
                           for_owner: list | None = None) -> str:
         """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
         async def notify(message: str) -> bool | asyncio.Event:
@@ -233,7 +234,7 @@ class Router:
                 return False
             return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
-        return await self.agent.turn(user_id, text, notify, files, for_owner=for_owner)
+        return await self.agent.turn(user_id, text, notify, files, for_owner=for_owner, task_id=task_id)
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
@@ -243,7 +244,7 @@ class Router:
         """
         for_owner: list = []
         text = task.text if task.kind == "reminder" else await self.turn(
-            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary, for_owner=for_owner)
+            task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary, task.id, for_owner=for_owner)
         await self.outbox.send(task.user_id, text, self.primary.name, "reminder" if task.kind == "reminder" else "task",
                                due=task.next_run_at, run_id=run_id, files=for_owner)
         return text

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .approval import Notify
 from .gate import Gate
+from .grants import Grants
 from .limits import MEMORY_LIST_MAX, MEMORY_LIST_TEXT
 from .memory import Memory
 from .registry import Registry
@@ -33,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/status": ("status", " — 查看模型、今日用量、沙箱级别、微信窗口、待发送与待确认"),
     "/memory": ("memory", " [ok 编号] — 列出记忆（最新在前）；加 ok 编号 确认一条未确认的记忆"),
     "/forget": ("forget", " 编号 — 删除一条记忆"),
+    "/grants": ("list_grants", " — 列出有效的授权（确认时回复 确认码+1h、+1d 或 +N次 可授权）"),
+    "/revoke": ("revoke", " 编号|all — 撤销一个或全部授权"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
 NO_STATUS = "当前没有可显示的状态。"
@@ -41,16 +44,18 @@ MEMORY_USAGE = "用法：/memory 列出记忆；/memory ok 编号 确认一条�
 FORGET_USAGE = "用法：/forget 编号"
 NO_MEMORY = "记忆功能未启用。"
 _NUMBER = re.compile(r"#?([1-9][0-9]{0,17})")
+NO_GRANTS = "此处不支持授权。"
 
 
 class Slash:
     """Answers the owner's /commands over the objects they need."""
 
     def __init__(self, registry: Registry, gate: Gate, store: Store, *, status: Status | None = None,
-                 memory: Memory | None = None):
+                 memory: Memory | None = None, grants: Grants | None = None):
         self.registry = registry
         self.gate = gate
         self.store = store
+        self.grants = grants
         self._status = status           # /status's facts (None: built without them, e.g. a bare test agent)
         self.memories = memory          # /memory, /forget (the method /memory is `memory`)
 
@@ -114,3 +119,9 @@ class Slash:
             return FORGET_USAGE
         row = await self.memories.forget(user_id, int(match[1]), by="/forget")
         return f"没有记忆 #{match[1]}。" if row is None else f"已删除记忆 #{row.id}：{row.text}"
+
+    async def list_grants(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        return NO_GRANTS if self.grants is None else await self.grants.listing(user_id)
+
+    async def revoke(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        return NO_GRANTS if self.grants is None else await self.grants.revoke(user_id, rest)

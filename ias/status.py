@@ -3,7 +3,7 @@ them, and their Chinese lines.
 
 The model configured (and its fallbacks), the day's tokens (and IAS_DAILY_TOKENS), the sandbox level (as doctor reports
 it), the primary channel's send window (`console` for a channel without one), the user's queued
-outbox parts and the approval they are being asked for now. Times are Beijing time with the zone.
+outbox parts, the approval they are being asked for now and their active grants. Times are Beijing time with the zone.
 Without the database the answer is one line. Not handled: the status of other users or processes
 (an approval asked by a one-off command elsewhere is not seen), the endpoint's health (doctor's).
 """
@@ -20,6 +20,7 @@ from .channels.base import Channel, Window
 from .clock import SYSTEM, stamp
 from .config import Config
 from .errors import StoreError
+from .grants import Grants
 from .sandbox import Level, Sandbox
 from .store import Store
 
@@ -40,13 +41,15 @@ class Facts:
     window: Window | None               # its send window for the user; None: it has none
     queued: int                         # outbox parts still queued for the user
     asking: str | None                  # the skill whose code the user is being asked for now
+    grants: int | None = None           # the user's active grants (None: built without grants)
 
 
 class Status:
     """Gathers /status's facts; built by app.build over the objects that hold them."""
 
     def __init__(self, config: Config, store: Store, budget: Budget, approvals: Approvals, sandbox: Sandbox,
-                 channel: Channel | None, *, has_model: bool, now: Callable[[], datetime] = SYSTEM.now):
+                 channel: Channel | None, *, has_model: bool, now: Callable[[], datetime] = SYSTEM.now,
+                 grants: Grants | None = None):
         self.config = config
         self.store = store
         self.budget = budget
@@ -55,6 +58,7 @@ class Status:
         self.channel = channel          # the primary channel; None: built without channels (a one-off command)
         self.has_model = has_model      # a model client was built (there is an API key)
         self.now = now
+        self.grants = grants
 
     async def facts(self, user_id: str) -> Facts:
         """The facts for `user_id` now; StoreError when the database cannot be read."""
@@ -67,7 +71,8 @@ class Status:
                      tokens={row.model: max(0, row.total) for row in rows},
                      estimated=any(row.estimated_requests for row in rows), daily=self.budget.daily, sandbox=level,
                      channel="console" if self.channel is None else self.channel.name, window=window, queued=queued,
-                     asking=self.approvals.asking(user_id))
+                     asking=self.approvals.asking(user_id),
+                     grants=None if self.grants is None else len(await self.grants.active(user_id)))
 
     async def report(self, user_id: str) -> str:
         """The /status answer: the lines of `facts`, or one line when the database is unreachable."""
@@ -96,6 +101,7 @@ def lines(facts: Facts) -> str:
         f"微信窗口：{window_text(facts.window, facts.channel, facts.now)}",
         f"待发送消息：{facts.queued} 条",
         f"待确认：{facts.asking or '无'}",
+        *([] if facts.grants is None else [f"有效授权：{facts.grants} 个"]),
     ])
 
 

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ias import approval
-from ias.approval import Approvals, TurnBudget, code_hash, escape_visible, load_key, parse_reply, render
+from ias.approval import Approvals, TurnBudget, code_hash, load_key, parse_reply
+from ias.confirmation import escape_visible, render
 from ias.errors import ConfigError
 from ias.store import AuditEntry
 from tests import test_agent

@@ -192,6 +192,7 @@ class StatusTest(BudgetTestCase):
             "微信窗口：还剩 11 小时 0 分（至 2026-12-04 10:30 CST），本窗口还可发 5 条",
             "待发送消息：1 条",
             "待确认：mark_high",
+            "有效授权：0 个",
         ])
         self.assertEqual(await self.approvals.redeem("owner", "取消"), "已取消：mark_high")
         await asking

@@ -15,7 +15,7 @@ import unittest
 import uuid
 
 from ias import approval
-from ias.approval import escape_visible, fits, render
+from ias.confirmation import escape_visible, fits, render
 from ias.limits import SPACES_RUN_MAX, WECHAT_TEXT_MAX
 from tests.test_approval import unescape
 

@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "ias.notifiers", "ias.llm", "ias.processes", "ias.service", "ias.datadir", "ias.inbox"})),
     ("skills", frozenset({              # skills: parsed, sandboxed, run, approved, scheduled
         "ias.sandbox", "ias.skills", "ias.changes", "ias.registry", "ias.outcome", "ias.runner", "ias.mcp",
-        "ias.handlers", "ias.results", "ias.scheduler", "ias.approval", "ias.memory", "ias.outgoing"})),
+        "ias.handlers", "ias.results", "ias.scheduler", "ias.confirmation", "ias.grants", "ias.approval", "ias.memory",
+        "ias.outgoing"})),
     ("channels", frozenset({"ias.channels"})),
     ("delivery", frozenset({"ias.outbox"})),
     ("turns", frozenset({"ias.gate", "ias.slash", "ias.agent", "ias.router", "ias.budget", "ias.status"})),

@@ -140,7 +140,7 @@ class FilesInTheOutboxTest(MediaOutTestCase):
 
     async def queue_a_task_with_files(self):
         """A scheduled prompt task whose skill returns two files, run while the window is shut."""
-        task = type("Task", (), {"kind": "prompt", "user_id": "owner", "name": "周报", "text": "画本周用电",
+        task = type("Task", (), {"id": 1, "kind": "prompt", "user_id": "owner", "name": "周报", "text": "画本周用电",
                                  "next_run_at": None})()
         await self.router.run_task(task)
         self.assertEqual(self.channel.sent + self.channel.files, [])

@@ -14,7 +14,7 @@ from unittest import mock
 
 import psycopg
 
-from ias.approval import canonical
+from ias.confirmation import canonical
 from ias.audit import verify
 from ias.errors import StoreError
 from ias.limits import STORED_JSON_DEPTH

@@ -1,6 +1,6 @@
 """PostgreSQL storage: the only package that imports psycopg, and the only one with SQL.
 
-`Store` is composed of one part per table family (`audit`, `approvals`, `tasks`, `outbox`,
+`Store` is composed of one part per table family (`audit`, `approvals`, `grants`, `tasks`, `outbox`,
 `conversation`, `usage`, `memory`), each on the connection pool (`pool`); its records are in `records`, the boundary
 rule every stored value passes (`storable`) in `values`, and `open` brings the schema up to date
 (`migrate`, the numbered steps in `ias/migrations.py`).
@@ -25,16 +25,17 @@ from .approvals import Approvals
 from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
 from .memory import MemoryRow, Memories
+from .grants import Grants
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
 from .pool import objects, without_password
-from .records import AuditEntry, AuditRow, Approval, ChainRow, InboundRow, OutboxRow, Pruned, Task, UsageRow
+from .records import AuditEntry, AuditRow, Approval, ChainRow, Grant, InboundRow, OutboxRow, Pruned, Task, UsageRow
 from .tasks import Tasks
 from .usage import TokenUsage
 from .values import TOO_DEEP, storable
 
 # The names callers use (the limits live in ias/limits.py; POOL_IDLE_CLOSE is re-exported for bench/).
-__all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Task", "OutboxRow",
+__all__ = ["Store", "AuditEntry", "AuditRow", "ChainRow", "ChainView", "Pruned", "Approval", "Grant", "Task", "OutboxRow",
            "InboundRow", "UsageRow", "storable", "TOO_DEEP", "POOL_IDLE_CLOSE", "SCHEMA_LOCK", "AUDIT_LOCK", "objects",
            "without_password", "MemoryRow"]
 
@@ -50,7 +51,7 @@ _PRUNABLE = {
 }
 
 
-class Store(Approvals, Tasks, Outbox, Conversation, TokenUsage, Memories):
+class Store(Approvals, Grants, Tasks, Outbox, Conversation, TokenUsage, Memories):
     """A pool of autocommit connections to one database, with every query iAs makes."""
 
     @classmethod

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..auditchain import AuditRow, ChainRow
 
-__all__ = ["AuditEntry", "AuditRow", "ChainRow", "Pruned", "Approval", "Task", "OutboxRow", "InboundRow", "UsageRow"]
+__all__ = ["AuditEntry", "AuditRow", "ChainRow", "Pruned", "Approval", "Task", "OutboxRow", "InboundRow", "UsageRow",
+           "Grant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,3 +119,20 @@ class UsageRow:
     @property
     def total(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One grants row as stored (see schema.sql `grants`); whether it counts is ias/grants.py's MAC check."""
+    id: int
+    created_at: datetime
+    user_id: str
+    skill_name: str
+    params: dict
+    task_id: int | None            # None: any call of the user; else only that scheduled task's calls
+    uses_max: int | None           # None: a time grant
+    uses: int
+    expires_at: datetime
+    approval_id: uuid.UUID
+    mac: str
+    revoked_at: datetime | None
