@@ -15,6 +15,7 @@ import json
 from .approval import Notify
 from .gate import Gate
 from .registry import Registry
+from .stopping import STOPPED
 from .store import Store
 
 # name -> (method of Slash, what /help shows after the name)
@@ -23,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/skills": ("skills", " — 列出可用技能"),
     "/run": ("run", ' 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）'),
     "/reset": ("reset", " — 清空对话记录"),
+    "/stop": ("stop", " — 停止正在进行的操作（也可发「停止」或 stop）"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
 RUN_USAGE = "用法：/run 技能名 {\"参数\": \"值\"}"
@@ -54,6 +56,10 @@ class Slash:
     async def reset(self, user_id: str, rest: str, notify: Notify | None) -> str:
         await self.store.clear_messages(user_id)
         return "对话记录已清空。"
+
+    async def stop(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        # The router handles the stop word before any turn; one that reaches a turn has nothing to stop.
+        return STOPPED
 
     async def run(self, user_id: str, rest: str, notify: Notify | None) -> str:
         skill, _, arguments = rest.partition(" ")

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "ias.handlers", "ias.results", "ias.scheduler", "ias.approval"})),
     ("channels", frozenset({"ias.channels"})),
     ("delivery", frozenset({"ias.outbox"})),
-    ("turns", frozenset({"ias.gate", "ias.slash", "ias.agent", "ias.router"})),
+    ("turns", frozenset({"ias.gate", "ias.stopping", "ias.slash", "ias.agent", "ias.router"})),
     ("entry", frozenset({"ias.app", "ias.daemon", "ias.oneoff", "ias.commands", "ias.doctor", "ias.setup",
                          "ias.backup", "ias.cli"})),
 )
