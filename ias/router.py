@@ -100,7 +100,8 @@ class Router:
         """
         channel = self.channels[message.channel]
         if is_stop(message.text):       # before anything else, even the database: it overtakes the queue
-            await self.stops.stop(message, channel)
+            if not await self.stops.stop(message, channel):
+                await _answer(channel, message.user_id, STOPPED)        # the database is lost: best effort
             return
         key = None if message.message_id is None else (message.channel, message.message_id)
         outage = self.monitor is not None and not self.monitor.available

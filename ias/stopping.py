@@ -14,12 +14,14 @@ their queued messages (the one exception to SPEC 8's order). For that user, `Sto
 Each message being handled holds a `Ticket` from `Stops.enter` until its turn is over; a turn runs
 inside `Stops.running(ticket)`, which turns the stop's cancellation into `Stopped` and leaves every
 other cancellation (the daemon's shutdown) a cancellation, so a shutdown still leaves the message
-pending for replay. With the database lost the stop still cancels what runs in this process and
-answers on the channel directly; what it could not write (the rejection, the queued messages' marks)
-is done when the messages reach the database, or by the next start (a pending approval expires).
+pending for replay. With the database lost the stop still cancels what runs in this process, and the
+router answers on the channel directly; the queued messages it could not mark are marked when they
+reach the database (they are dropped there too).
 
 Not handled: another user's work; a skill run by a one-off `ias run` (another process); a message
-already being applied outside a turn (an approval reply, a 继续) — it finishes.
+already being applied outside a turn (an approval reply, a 继续) — it finishes. A pending approval the
+stop could not reject (the database lost) stays pending in the table until the next start expires
+it; its call never runs (its turn is gone), but meanwhile that user's next High call is not asked.
 """
 from __future__ import annotations
 
@@ -108,11 +110,13 @@ class Stops:
             task.uncancel()
             raise Stopped()
 
-    async def stop(self, message: Inbound, channel: Channel) -> None:
-        """Handle a stop word: cancel, reject, drop, answer STOPPED, audit. Never raises but a cancellation."""
+    async def stop(self, message: Inbound, channel: Channel) -> bool:
+        """Handle a stop word: cancel, reject, drop, audit, queue STOPPED in the outbox. Whether STOPPED was
+        queued: if not (the database is lost), the caller answers on the channel directly."""
         user_id = message.user_id
         skills = self.gate.calls.get(user_id, 0)
         turns, queued = self._cancel(user_id)
+        self.outbox.stopped(user_id)    # what waits goes out after STOPPED, not after the answers it ended
         up = self.monitor is None or self.monitor.available
         rejected = up and await self._tried(self.approvals.reject(user_id, "stop"), "reject the pending approval")
         for ticket in queued:
@@ -122,15 +126,8 @@ class Stops:
         log.info("stop from %s on %s: %s", user_id, message.channel, detail)
         answered = up and await self._tried(self.store.audit(AuditEntry("stop", user_id=user_id, detail=detail)),
                                             "audit the stop")
-        answered = answered and await self._tried(self.outbox.send(user_id, STOPPED, channel.name,
-                                                                   inbound_id=message.inbound_id), "queue the answer")
-        if not answered:                # the database is lost: answered directly, best effort
-            try:
-                await channel.send(user_id, STOPPED)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("could not answer the stop of %s on %s: %s", user_id, channel.name, exc)
+        return answered and await self._tried(self.outbox.send(user_id, STOPPED, channel.name,
+                                                               inbound_id=message.inbound_id), "queue the answer")
 
     def _cancel(self, user_id: str) -> tuple[int, list[Ticket]]:
         """Mark every ticket of `user_id` stopped and cancel the turns running; how many turns, and the rest."""

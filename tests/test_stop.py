@@ -5,9 +5,11 @@ import time
 from types import SimpleNamespace
 
 from ias.channels.base import Inbound
+from ias.monitor import DatabaseMonitor
 from ias.processes import members
 from ias.stopping import STOPPED, is_stop
-from tests.support import FIXTURES, FakeChannel, GateTestCase, ScriptedLLM, answer, ask, granted, skill_pgid, until
+from tests.support import (FIXTURES, FakeChannel, FlakyStore, GateTestCase, ScriptedLLM, answer, ask, granted,
+                           skill_pgid, until)
 
 
 class StopTestCase(GateTestCase):
@@ -32,8 +34,9 @@ class StopTestCase(GateTestCase):
         await until(pidfile.exists, 30)
         return turn, skill_pgid(pidfile)
 
-    async def gone(self, pgid: int, within: float = 2.0) -> None:
-        deadline = time.monotonic() + within
+    async def gone(self, pgid: int, since: float | None = None, within: float = 2.0) -> None:
+        """Wait until no process of group `pgid` is left, at most `within` s after `since` (default: now)."""
+        deadline = (time.monotonic() if since is None else since) + within
         while members(pgid):
             self.assertLess(time.monotonic(), deadline, f"process group {pgid} outlived the stop")
             await asyncio.sleep(0.02)
@@ -49,8 +52,9 @@ class StopTest(StopTestCase):
     async def test_stop_kills_the_running_skill_and_the_turn_calls_the_model_no_more(self):
         turn, pgid = await self.napping()
         self.assertTrue(members(pgid))
+        stopped = time.monotonic()
         await self.deliver("停止")
-        await self.gone(pgid)
+        await self.gone(pgid, stopped)
         await asyncio.wait_for(turn, 10)
         self.assertEqual(self.replies(), [STOPPED])
         self.assertEqual(len(self.model.bodies), 1)
@@ -79,10 +83,13 @@ class StopTest(StopTestCase):
     async def test_messages_queued_behind_the_turn_are_dropped_and_never_replayed(self):
         turn, pgid = await self.napping()
         queued = [self.deliver("然后帮我查天气"), self.deliver("/help")]
-        await until(lambda: self.sql("SELECT count(*) FROM inbound") == [(3,)])
+        # Both in line for their turn: the outbox awaits their answers, and holds back a reminder meanwhile.
+        await until(lambda: self.app.outbox._awaiting.get("owner", (0, 0))[0] == 3)
+        await self.app.outbox.send("owner", "提醒：喝水", "wechat", "reminder")
+        self.assertEqual(self.replies(), [])
         await self.deliver("停止")
         await asyncio.wait_for(asyncio.gather(turn, *queued), 10)
-        self.assertEqual(self.replies(), [STOPPED])
+        self.assertEqual(self.replies(), [STOPPED, "提醒：喝水"])     # no answer awaited for the dropped ones
         self.assertEqual(len(self.model.bodies), 1)
         self.assertNotIn("然后帮我查天气", json.dumps(self.model.requests, ensure_ascii=False))
         self.assertEqual(self.stop_rows(), ["turns=1 skills=1 approvals=0 queued=2"])
@@ -147,3 +154,38 @@ class StopAndShutdownTest(StopTestCase):
         self.assertEqual(self.replies(), [STOPPED])      # the task sends nothing of its own
         self.assertEqual(len(self.model.bodies), 1)
         self.assertEqual(self.stop_rows(), ["turns=1 skills=1 approvals=0 queued=0"])
+
+
+class StopWithoutTheDatabaseTest(StopTestCase):
+    """The database goes away mid-turn: the stop still ends the turn and its skill and answers."""
+
+    async def asyncSetUp(self):
+        await super().asyncSetUp()
+        self.outage = await FlakyStore.open(self.dsn, self.chain)
+        self.addAsyncCleanup(self.outage.store.close)
+        self.monitor = DatabaseMonitor(self.outage.store, lambda why: None, limit=3600, first_delay=0.05,
+                                       max_delay=0.05)
+        self.use(self.build(store=self.outage.store, llm=self.model, channels=[self.wechat], primary=self.wechat,
+                            monitor=self.monitor))
+        self.addAsyncCleanup(self.router.cancel)
+        self.watching = asyncio.create_task(self.monitor.run())
+        self.addAsyncCleanup(self.stop_watching)
+
+    async def stop_watching(self):
+        self.watching.cancel()
+        await asyncio.gather(self.watching, return_exceptions=True)
+
+    async def test_a_stop_in_an_outage_cancels_and_answers(self):
+        turn, pgid = await self.napping()
+        self.outage.lose()
+        await self.deliver("停止")
+        await self.gone(pgid)
+        self.assertEqual(self.replies(), [STOPPED])     # on the channel directly
+        self.assertEqual(len(self.model.bodies), 1)
+        self.outage.restore()                           # the stopped turn's end is written once it is back
+        await asyncio.wait_for(turn, 10)
+        await self.gate.drain(5)
+        self.assertEqual(self.replies(), [STOPPED])
+        self.assertEqual(self.sql("SELECT decision FROM audit_log WHERE event = 'skill_finished'"), [("cancelled",)])
+        self.assertEqual([m["content"] for m in await self.store.recent_messages("owner", 10)], ["睡一分钟", STOPPED])
+        self.assertEqual(await self.store.pending_inbound(), [])
