@@ -82,9 +82,9 @@ class StopTest(StopTestCase):
 
     async def test_messages_queued_behind_the_turn_are_dropped_and_never_replayed(self):
         turn, pgid = await self.napping()
-        queued = [self.deliver("然后帮我查天气"), self.deliver("/help")]
-        # Both in line for their turn: the outbox awaits their answers, and holds back a reminder meanwhile.
-        await until(lambda: self.app.outbox._awaiting.get("owner", (0, 0))[0] == 3)
+        queued = [self.deliver(text) for text in ("然后帮我查天气", "/help", "123456")]
+        # All in line for their turn: the outbox awaits their answers, and holds back a reminder meanwhile.
+        await until(lambda: self.app.outbox._awaiting.get("owner", (0, 0))[0] == 4)
         await self.app.outbox.send("owner", "提醒：喝水", "wechat", "reminder")
         self.assertEqual(self.replies(), [])
         await self.deliver("停止")
@@ -92,7 +92,7 @@ class StopTest(StopTestCase):
         self.assertEqual(self.replies(), [STOPPED, "提醒：喝水"])     # no answer awaited for the dropped ones
         self.assertEqual(len(self.model.bodies), 1)
         self.assertNotIn("然后帮我查天气", json.dumps(self.model.requests, ensure_ascii=False))
-        self.assertEqual(self.stop_rows(), ["turns=1 skills=1 approvals=0 queued=2"])
+        self.assertEqual(self.stop_rows(), ["turns=1 skills=1 approvals=0 queued=3"])
         self.assertEqual(await self.store.pending_inbound(), [])
         history = await self.store.recent_messages("owner", 10)
         self.assertEqual([m["content"] for m in history], ["睡一分钟", STOPPED])     # the dropped ones are not there
