@@ -231,7 +231,7 @@ class Router:
         async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
             return await self._agent_turn(message.user_id, message.text, channel, ticket)
 
-    async def turn(self, user_id: str, text: str, channel: Channel) -> str:
+    async def turn(self, user_id: str, text: str, channel: Channel) -> str | None:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
         to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
