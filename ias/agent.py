@@ -141,11 +141,23 @@ class Agent:
             reply = TURN_TIMEOUT_REPLY
         _answer_open_calls(new)
         new.append({"role": "assistant", "content": reply})
+        await self._keep(user_id, new)
+        return reply
+
+    async def stopped(self, user_id: str, text: str, reply: str) -> None:
+        """A turn the owner's stop word ended: a message for the model stored with `reply`, so the next turn
+        knows (a /command, or a turn without a model, stores nothing, as it would not have)."""
+        text = text.strip()
+        if text.startswith("/") or self.llm is None:
+            return
+        await self._keep(user_id, [{"role": "user", "content": text}, {"role": "assistant", "content": reply}])
+
+    async def _keep(self, user_id: str, new: list[dict]) -> None:
+        """Store a turn's messages in the history, through an outage (the turn is not run again for them)."""
         if self.monitor is None:
             await self.store.append_messages(user_id, new)
-        else:       # kept through an outage: the turn is not run again for it
+        else:
             await self.monitor.through(lambda: self.store.append_messages(user_id, new))
-        return reply
 
     async def _rounds(self, user_id: str, text: str, new: list[dict], notify: Notify | None,
                       clock: TurnClock, current: dict | None = None, *, for_owner: list | None = None) -> str:

@@ -372,6 +372,11 @@ class Approvals:
     def _ended(outcome: Outcome, name: str) -> str:
         return TAMPERED.format(name=name) if outcome.status == "tampered" else f"该操作已结束：{name}"
 
+    async def reject(self, user_id: str, detail: str) -> bool:
+        """End `user_id`'s pending approval as rejected (the stop word: `detail` stop); whether one was."""
+        waiter = self._waiting.get(user_id)
+        return waiter is not None and (await self._close(waiter, "rejected", detail)).status == "rejected"
+
     async def expire_leftovers(self) -> list[Approval]:
         """At start: every pending row belongs to a process that is gone; expire it (reason restart).
 

@@ -28,7 +28,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from . import jsonschema as schema, outgoing, results
@@ -75,6 +76,7 @@ class Gate:
         self.supervisor = supervisor     # records each call's end; its RECORDS group holds the calls running
         self.records = supervisor.scope(RECORDS)
         self.unwritten = Unwritten(store)        # ends the database refused, until it takes them (a daemon: a file)
+        self.calls: dict[str, int] = {}          # user -> their skill calls running now (what a stop word ends)
 
     async def call(self, user_id: str, name: str, arguments: dict | str | None, notify: Notify | None = None,
                    turn: TurnBudget | None = None, *, for_owner: list[OutFile] | None = None) -> dict:
@@ -127,7 +129,7 @@ class Gate:
                                           risk=skill.risk, approval_id=approval_id, decision=decision, detail=tag))
         call = Call(user_id, skill, approval_id, decision, tag, time.monotonic(), notify)
         taint(skill)                            # an untrusted skill's output taints the turn's memories (memory.py)
-        with self.records.hold():               # shutdown waits for the run and the record of its end
+        with self.records.hold(), self._running(user_id):     # shutdown waits for the run and its record
             try:
                 outcome = await self._executor(skill).run(skill, params, user_id)
             except asyncio.CancelledError:      # the executor ended the run; record that it ended
@@ -140,6 +142,16 @@ class Gate:
             await asyncio.to_thread(outgoing.discard, outcome.files)
             return results.files_dropped(outcome.result)
         return outcome.result
+
+    @contextmanager
+    def _running(self, user_id: str) -> Iterator[None]:
+        self.calls[user_id] = self.calls.get(user_id, 0) + 1
+        try:
+            yield
+        finally:
+            self.calls[user_id] -= 1
+            if not self.calls[user_id]:
+                del self.calls[user_id]
 
     def _executor(self, skill: Skill) -> Executor:
         """What runs skills of `skill.kind`: a `## Execute` script, a `## Builtin` handler, an MCP tool."""

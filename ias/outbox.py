@@ -323,6 +323,10 @@ class Outbox:
         self._awaiting[user_id] = (awaited + 1, self.monotonic() + limits.OUTBOX_ANSWER_HOLD)
         return False
 
+    def stopped(self, user_id: str) -> None:
+        """The stop word came: the answers awaited for the user's earlier messages will not come, only its own."""
+        self._awaiting[user_id] = (1, self.monotonic() + limits.OUTBOX_ANSWER_HOLD)
+
     # -- confirmation messages ---------------------------------------------------------------------
     async def urgent(self, user_id: str, channel: str, text: str, name: str, timeout: float) -> bool | asyncio.Event:
         """A confirmation message (it holds a code, so it is never stored): True once sent; when the channel

@@ -22,6 +22,12 @@ once (TURNS_MAX): a turn beyond it waits for a slot, in the order the turns came
 Scheduled prompt tasks run their turns in a lane of their own (one at a time per user, outside that
 bound), so they never make the owner's own messages wait. Each message is handled in a task of the
 supervisor's TURNS group, which the daemon's stop cancels (after the calls in them recorded their end).
+
+The stop word (`停止`, `stop`, `/stop`; stopping.py) comes before all of this: it is handled at once,
+overtaking the user's queued messages, and ends their turns (each turn runs in `Stops.running`), their
+pending approval and the messages queued behind (dropped, marked handled). A stopped turn's message is
+stored in the history with the reply STOPPED and marked handled; it is not answered on its own (the stop
+word's answer is the one).
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from .inbox import attachments
 from .limits import INBOUND_HELD_MAX, INBOUND_REPLAYS_MAX, TURNS_MAX
 from .locks import Place, UserLocks
 from .outbox import Outbox
+from .stopping import STOPPED, Stopped, Stops, Ticket, is_stop
 from .supervisor import TURNS, Supervisor
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,7 @@ class Router:
         self._held = 0                                  # messages that came while the database was lost
         self._holding: set[tuple[str, str]] = set()     # their (channel, message id): a redelivery is not held twice
         self._told: set[str] = set()                    # users told HELD in this outage
+        self.stops = Stops(approvals, agent.gate, outbox, monitor)      # the stop word and what it ends
 
     @property
     def users_in_turn(self) -> int:
@@ -92,6 +100,10 @@ class Router:
         meanwhile. A message that came while the database is lost waits in its arrival line (held).
         """
         channel = self.channels[message.channel]
+        if is_stop(message.text):       # before anything else, even the database: it overtakes the queue
+            if not await self.stops.stop(message, channel):
+                await _answer(channel, message.user_id, STOPPED)        # the database is lost: best effort
+            return
         key = None if message.message_id is None else (message.channel, message.message_id)
         outage = self.monitor is not None and not self.monitor.available
         if outage and message.inbound_id is None and key in self._holding:
@@ -103,6 +115,7 @@ class Router:
             await _answer(channel, message.user_id, DB_DOWN)
             return
         arrival = self._arrivals.place(message.user_id)
+        ticket = self.stops.enter(message.user_id)
         place = recorded = None
         held = self._hold(key) if outage else None
         try:
@@ -115,13 +128,16 @@ class Router:
                     held = None         # admitted: no longer held
                 if recorded is None:
                     return
-                place = await self._patiently(lambda: self._sort(recorded, channel), recorded, channel)
+                ticket.inbound_id = recorded.inbound_id
+                if not ticket.stopped:
+                    place = await self._patiently(lambda: self._sort(recorded, channel), recorded, channel)
                 arrival.release()       # in line for its turn: the next message may look things up
                 if place is not None:
                     async with place:
                         for_owner: list = []        # the turn's files for the owner, queued after its reply
-                        reply = await self._patiently(lambda: self._handle(recorded, channel, for_owner), recorded,
-                                                      channel)
+                        reply = await self._patiently(lambda: self._handle(recorded, channel, ticket, for_owner),
+                                                      recorded, channel)
+                        self.stops.leave(ticket)        # its turn is over: a stop from now on leaves it be
                         if reply:       # kept through an outage: the turn is not run again for it
                             await self._patiently(lambda: self.outbox.send(
                                 recorded.user_id, reply, channel.name, inbound_id=recorded.inbound_id, files=for_owner),
@@ -139,6 +155,7 @@ class Router:
             await _answer(channel, message.user_id, FAILED)
             await self._finish(message if recorded is None else recorded)     # told: not replayed at every start
         finally:
+            self.stops.leave(ticket)
             if held is not None:
                 held()
             if place is not None:
@@ -206,45 +223,64 @@ class Router:
             return None
         return self._turns.place(message.user_id)
 
-    async def _handle(self, message: Inbound, channel: Channel, for_owner: list | None = None) -> str:
+    async def _handle(self, message: Inbound, channel: Channel, ticket: Ticket,
+                      for_owner: list | None = None) -> str | None:
         """In the user's turn, the reply (queued by the caller before the next turn starts, so replies keep
         their order): a code-shaped message is intercepted (nothing was pending when it came, and a code
-        never reaches the model); anything else is an agent turn."""
+        never reaches the model); anything else is an agent turn. None: stopped (nothing to answer)."""
+        if ticket.stopped:
+            return None                 # a stop word came while it waited: dropped, never shown to the model
         if parse_reply(message.text) == "code":
             return NOTHING_PENDING
         async with self.turns.slot():       # at most TURNS_MAX at once; the user's later messages wait behind
-            return await self._agent_turn(message.user_id, message.text, channel, message.attachments,
+            return await self._agent_turn(message.user_id, message.text, channel, ticket, message.attachments,
                                           for_owner=for_owner)
 
     async def turn(self, user_id: str, text: str, channel: Channel, task_id: int | None = None, *,
-                   for_owner: list | None = None) -> str:
+                   for_owner: list | None = None) -> str | None:
         """One agent turn for `user_id` (a scheduled task's prompt), after their other task turns; approvals go
         to `channel`. Task turns run in a lane of their own, beside the owner's messages: a hundred due
         prompt tasks never make the owner's own message wait (each turn stores its history in one piece,
-        so turns side by side do not interleave it; approvals queue per user)."""
-        async with self._task_turns.hold(user_id):
-            return await self._agent_turn(user_id, text, channel, task_id=task_id, for_owner=for_owner)
+        so turns side by side do not interleave it; approvals queue per user). None: stopped by the stop word."""
+        ticket = self.stops.enter(user_id)
+        try:
+            async with self._task_turns.hold(user_id):
+                return await self._agent_turn(user_id, text, channel, ticket, task_id=task_id, for_owner=for_owner)
+        finally:
+            self.stops.leave(ticket)
 
-    async def _agent_turn(self, user_id: str, text: str, channel: Channel, files=(), task_id: int | None = None, *,
-                          for_owner: list | None = None) -> str:
-        """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock."""
+    async def _agent_turn(self, user_id: str, text: str, channel: Channel, ticket: Ticket, files=(),
+                          task_id: int | None = None, *, for_owner: list | None = None) -> str | None:
+        """The agent's turn, its confirmation messages sent on `channel`; the caller holds the turn lock. None
+        when the stop word ended it (or came before it began): a turn it ended is stored with the reply STOPPED."""
+        if ticket.stopped:
+            return None
         async def notify(message: str) -> bool | asyncio.Event:
             if not channel.can_confirm():
                 log.warning("cannot ask %s for a confirmation on the %s channel (no terminal)", user_id, channel.name)
                 return False
             return await self.outbox.urgent(user_id, channel.name, message, self.approvals.asking(user_id) or "?",
                                             self.approvals.timeout)
-        return await self.agent.turn(user_id, text, notify, files, for_owner=for_owner, task_id=task_id)
+        try:
+            with self.stops.running(ticket):
+                return await self.agent.turn(user_id, text, notify, files, for_owner=for_owner, task_id=task_id)
+        except Stopped:
+            log.info("the turn of %s was stopped", user_id)
+            await self.agent.stopped(user_id, text, STOPPED)
+            return None
 
     async def run_task(self, task, run_id: int | None = None) -> str:
         """A scheduled task: a reminder is sent as is; a prompt runs as a turn and its reply is sent.
 
         Sent through the outbox: what the channel cannot take now waits there (and may go to the
-        fallback notifiers); the run's delivery column says which.
+        fallback notifiers); the run's delivery column says which. A prompt the stop word ended sends nothing
+        (the owner was answered STOPPED) and the run's reply says STOPPED.
         """
         for_owner: list = []
         text = task.text if task.kind == "reminder" else await self.turn(
             task.user_id, f"（定时任务「{task.name}」）{task.text}", self.primary, task.id, for_owner=for_owner)
+        if text is None:
+            return STOPPED
         await self.outbox.send(task.user_id, text, self.primary.name, "reminder" if task.kind == "reminder" else "task",
                                due=task.next_run_at, run_id=run_id, files=for_owner)
         return text

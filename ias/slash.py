@@ -20,6 +20,7 @@ from .grants import Grants
 from .limits import MEMORY_LIST_MAX, MEMORY_LIST_TEXT
 from .memory import Memory
 from .registry import Registry
+from .stopping import STOPPED
 from .store import Store
 
 if TYPE_CHECKING:
@@ -31,11 +32,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "/skills": ("skills", " — 列出可用技能"),
     "/run": ("run", ' 技能名 {"参数": "值"} — 直接调用一个技能（高风险技能同样需要确认）'),
     "/reset": ("reset", " — 清空对话记录（记忆保留）"),
+    "/stop": ("stop", " — 停止正在进行的操作（也可发「停止」或 stop）"),
     "/status": ("status", " — 查看模型、今日用量、沙箱级别、微信窗口、待发送与待确认"),
-    "/memory": ("memory", " [ok 编号] — 列出记忆（最新在前）；加 ok 编号 确认一条未确认的记忆"),
-    "/forget": ("forget", " 编号 — 删除一条记忆"),
     "/grants": ("list_grants", " — 列出有效的授权（确认时回复 确认码+1h、+1d 或 +N次 可授权）"),
     "/revoke": ("revoke", " 编号|all — 撤销一个或全部授权"),
+    "/memory": ("memory", " [ok 编号] — 列出记忆（最新在前）；加 ok 编号 确认一条未确认的记忆"),
+    "/forget": ("forget", " 编号 — 删除一条记忆"),
 }
 HELP = "\n".join(["iAs 命令：", *(name + shown for name, (_, shown) in COMMANDS.items()), "其他消息会交给大模型处理。"])
 NO_STATUS = "当前没有可显示的状态。"
@@ -77,6 +79,10 @@ class Slash:
     async def reset(self, user_id: str, rest: str, notify: Notify | None) -> str:
         await self.store.clear_messages(user_id)
         return "对话记录已清空。"
+
+    async def stop(self, user_id: str, rest: str, notify: Notify | None) -> str:
+        # The router handles the stop word before any turn; one that reaches a turn has nothing to stop.
+        return STOPPED
 
     async def run(self, user_id: str, rest: str, notify: Notify | None) -> str:
         skill, _, arguments = rest.partition(" ")

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "ias.outgoing"})),
     ("channels", frozenset({"ias.channels"})),
     ("delivery", frozenset({"ias.outbox"})),
-    ("turns", frozenset({"ias.gate", "ias.slash", "ias.agent", "ias.router", "ias.budget", "ias.status"})),
+    ("turns", frozenset({"ias.gate", "ias.stopping", "ias.slash", "ias.agent", "ias.router", "ias.budget",
+                         "ias.status"})),
     ("entry", frozenset({"ias.app", "ias.daemon", "ias.oneoff", "ias.commands", "ias.doctor", "ias.setup",
                          "ias.backup", "ias.cli"})),
 )
