@@ -14,6 +14,7 @@ SKILL_TIMEOUT_DEFAULT = 30          # seconds, when SKILL.md has no ## Timeout
 SKILL_TIMEOUT_MAX = 600             # seconds
 KILL_GRACE = 2.0                    # seconds between SIGTERM and SIGKILL of a skill's group
 DRAIN_TIMEOUT = 2.0                 # seconds to drain pipes after the group is killed
+CANCEL_GRACE = 0.5                  # seconds a cancelled run (the stop word) gets after SIGTERM before SIGKILL
 REAP_WAIT = 1.0                     # seconds a cancelled run waits for its SIGKILLed process to be reaped
 STDOUT_TO_LLM = 64 * 1024           # bytes of stdout the model may see
 OUTPUT_HELD_MAX = 1024 * 1024       # bytes of output ever held; past that the group is killed

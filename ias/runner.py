@@ -10,9 +10,9 @@ Handled, and why:
   the daemon's secrets (OPENAI_API_KEY, the database URL) and NOTIFY_SOCKET. A
   skill gets PATH, LANG, TZ, a private HOME, the IAS_* variables and only the
   names it lists in `## Env`; a listed name cannot replace one of those.
-- Timeout and shutdown signal the whole process group (`os.killpg`): SIGTERM,
-  `kill_grace` seconds, SIGKILL. `proc.kill()` would reach bash only and leave its
-  children alive holding the pipes, so the output would never end.
+- Timeout and shutdown signal the whole process group (`os.killpg`): SIGTERM, `kill_grace`
+  seconds, SIGKILL (a cancelled call, e.g. by the stop word: CANCEL_GRACE). `proc.kill()` would
+  reach bash only and leave its children alive holding the pipes, so the output would never end.
 - When bash exits, the pipes are drained for at most DRAIN_TIMEOUT and whatever it
   left running in its group is then terminated the same way: a run never outlives
   its call, and its HOME (a fresh 0700 directory) is removed afterwards. A group
@@ -77,15 +77,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .clock import ZONE_NAME
-from .limits import (
-    DRAIN_TIMEOUT,
-    ENV_TOTAL_MAX,
-    ENV_VALUE_MAX,
-    KILL_GRACE,
-    OUTPUT_HELD_MAX,
-    REAP_WAIT,
-    STDERR_HELD_MAX,
-)
+from .limits import (CANCEL_GRACE, DRAIN_TIMEOUT, ENV_TOTAL_MAX, ENV_VALUE_MAX, KILL_GRACE, OUTPUT_HELD_MAX,
+                     REAP_WAIT, STDERR_HELD_MAX)
 from . import outgoing, results
 from .outcome import Outcome, RunResult
 from .processes import end_leftovers, group_alive, identity, pdeathsig, remove_tree, signal_group, terminate
@@ -305,11 +298,15 @@ class Runner:
             if not output.closed.is_set():
                 log.warning("skill %s: output still open after the drain; a process left its group", name)
             return timed_out
-        except BaseException:   # cancelled: no time left for a grace period
-            signal_group(pgid, signal.SIGKILL)
-            # Reaped before the caller closes the transport: close() polls a child that asyncio's watcher is
-            # reaping too, and the loser logs "Unknown child process pid N, will report returncode 255".
-            await _wait_for(output.exited, REAP_WAIT)
+        except BaseException:   # cancelled: a short grace lets a script end a group of its own (execute_shell's)
+            entry.signalled = True
+            try:
+                await terminate(pgid, entry.sandboxed, CANCEL_GRACE)
+            finally:
+                signal_group(pgid, signal.SIGKILL)
+                # Reaped before the caller closes the transport: close() polls a child that asyncio's watcher is
+                # reaping too, and the loser logs "Unknown child process pid N, will report returncode 255".
+                await _wait_for(output.exited, REAP_WAIT)
             raise
 
     def _contained(self, argv: list[str], policy: Policy, directory: str, home: str,

@@ -102,6 +102,25 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         self.assertTrue(result["success"], result)
         self.assertFalse(process_running(int(result["stdout"])))
 
+    async def test_a_cancelled_call_ends_the_command_too(self):
+        """A stop word (or a turn's end) cancels the call: the command, in a session of its own, goes with it."""
+        pidfile = self.tmp / "pid"
+        params = schema.apply_defaults({"command": f"echo $$ > {pidfile}; sleep 30"}, SKILL.parameters)
+        runner = Runner(repo_root=REPO, run_dir=self.tmp / "runs", environ={"PATH": os.environ["PATH"]})
+        call = asyncio.create_task(runner.execute(SKILL, params))
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            self.assertLess(time.monotonic(), deadline, "the command never started")
+            await asyncio.sleep(0.02)
+        pid = int(pidfile.read_text())
+        call.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await call
+        deadline = time.monotonic() + 2
+        while process_running(pid):
+            self.assertLess(time.monotonic(), deadline, "the command outlived its cancelled call")
+            await asyncio.sleep(0.02)
+
 
 class ShellGateTest(SkillsTestCase):
     async def test_runs_exactly_what_the_owner_confirmed(self):
