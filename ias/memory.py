@@ -23,9 +23,12 @@ is shown to the model:
   system prompt gets the best matches for the turn's text, then the newest, as lines of at most
   MEMORY_PROMPT_MAX characters in all, under one sentence saying they are facts, not instructions.
 
-Not handled: memories written by another process (`ias run remember` beside a running daemon) reach
-the daemon's index only at its next start; no expiry, no merging of near-duplicates (an identical
-active text is not stored twice), no embeddings.
+  Each turn first compares the user's active memories in the store (their count and the sum of their
+  ids, one indexed query) with what the index was loaded from, so a memory another process wrote
+  (`ias run remember` beside a running daemon) is in the next turn's prompt.
+
+Not handled: no expiry, no merging of near-duplicates (an identical active text is not stored
+twice), no embeddings.
 """
 from __future__ import annotations
 
@@ -134,11 +137,17 @@ class _Known:
 
     Keys in the ranker are negated ids, so that at equal scores the newest memory comes first.
     """
-    __slots__ = ("texts", "ranker")
+    __slots__ = ("texts", "ranker", "signature")
 
-    def __init__(self) -> None:
+    def __init__(self, signature: tuple[int, int]) -> None:
         self.texts: dict[int, str] = {}
         self.ranker = Ranker()
+        self.signature = signature      # the store's memory_signature this index stands for
+
+    def changed(self, memory_id: int, sign: int) -> None:
+        """This process added (+1) or removed (-1) the active memory `memory_id` in the store."""
+        count, total = self.signature
+        self.signature = (count + sign, total + sign * memory_id)
 
     def add(self, memory_id: int, text: str) -> None:
         self.texts[memory_id] = text
@@ -167,15 +176,17 @@ class Memory:
         self._known: dict[str, _Known] = {}
         self._loading: dict[str, asyncio.Lock] = {}
 
-    async def _index(self, user_id: str) -> _Known:
-        """The user's index, loaded from the store at its first use (rows checked: a bad one is skipped)."""
+    async def _index(self, user_id: str, fresh: bool = False) -> _Known:
+        """The user's index, loaded from the store at its first use (rows checked: a bad one is skipped);
+        `fresh`: loaded again if the store's active memories changed behind this process's back."""
         known = self._known.get(user_id)
-        if known is not None:
+        if known is not None and not fresh:
             return known
         async with self._loading.setdefault(user_id, asyncio.Lock()):
             known = self._known.get(user_id)
-            if known is None:
-                known = _Known()
+            signature = await self.store.memory_signature(user_id) if fresh or known is None else None
+            if known is None or (signature is not None and signature != known.signature):
+                known = _Known(signature)
                 skipped = 0
                 for row in await self.store.memories(user_id, ACTIVE):
                     if isinstance(row.text, str) and 0 < len(row.text) <= MEMORY_TEXT_MAX and clean(row.text) == row.text:
@@ -210,6 +221,7 @@ class Memory:
             detail=f"source={source} tainted={str(tainted).lower()}"))
         if status == ACTIVE:
             known.add(row.id, row.text)
+            known.changed(row.id, +1)
         return row, None
 
     async def recall(self, user_id: str, query: str, limit: int) -> list[tuple[int, str]]:
@@ -226,8 +238,9 @@ class Memory:
         known = await self._index(user_id)
         row = await self.store.delete_memory(user_id, memory_id, AuditEntry(
             "memory_deleted", user_id=user_id, skill_name="forget" if by == "forget" else None, decision=by))
-        if row is not None:
+        if row is not None and row.status == ACTIVE:
             known.remove(row.id)
+            known.changed(row.id, -1)
         return row
 
     async def confirm(self, user_id: str, memory_id: int) -> MemoryRow | None:
@@ -236,8 +249,10 @@ class Memory:
         known = await self._index(user_id)
         row = await self.store.confirm_memory(user_id, memory_id, AuditEntry(
             "memory_confirmed", user_id=user_id, decision="/memory ok"))
-        if row is not None and 0 < len(row.text) <= MEMORY_TEXT_MAX and clean(row.text) == row.text:
-            known.add(row.id, row.text)
+        if row is not None:
+            known.changed(row.id, +1)
+            if 0 < len(row.text) <= MEMORY_TEXT_MAX and clean(row.text) == row.text:
+                known.add(row.id, row.text)
         return row
 
     async def listing(self, user_id: str, limit: int) -> tuple[list[MemoryRow], int]:
@@ -246,7 +261,7 @@ class Memory:
 
     async def block(self, user_id: str, query: str) -> str:
         """The system prompt's memory block for a turn about `query`: "" without active memories."""
-        known = await self._index(user_id)
+        known = await self._index(user_id, fresh=True)
         if not known.texts:
             return ""
         lines: list[str] = []

@@ -289,3 +289,16 @@ class PartsTest(GateTestCase):
         await memory.block("owner", "warm up")              # the one load
         self.store.memories = None                          # a second read would fail the test
         self.assertIn("主人第5件事", await memory.block("owner", "主人第5件事是什么"))
+
+    async def test_a_memory_another_process_wrote_reaches_the_next_prompt(self):
+        """`ias run remember` beside a running daemon: the daemon's next turn sees the store changed."""
+        daemon, other = Memory(self.store), Memory(self.store)
+        self.assertEqual(await daemon.block("owner", "生日"), "")
+        row, _ = await other.remember("owner", FACT)
+        self.assertIn(FACT, await daemon.block("owner", "生日"))
+        await other.forget("owner", row.id, by="/forget")
+        self.assertEqual(await daemon.block("owner", "生日"), "")
+        own, _ = await daemon.remember("owner", "主人住在济南")
+        self.store.memories = None          # the daemon's own write keeps its index current: no reload
+        self.assertIn("主人住在济南", await daemon.block("owner", "住在哪"))
+        self.assertEqual(own.status, "active")

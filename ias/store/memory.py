@@ -81,6 +81,15 @@ class Memories(AuditLog):
                                      f"ORDER BY id DESC LIMIT %s", (*args, limit))
             return [MemoryRow(**row) for row in await cur.fetchall()]
 
+    async def memory_signature(self, user_id: str) -> tuple[int, int]:
+        """How many active memories the user has and the sum of their ids: changed by any add, confirm or
+        delete of an active memory, whichever process made it."""
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT count(*) AS n, coalesce(sum(id), 0) AS s FROM memories "
+                                     "WHERE user_id = %s AND status = 'active'", (user_id,))
+            row = await cur.fetchone()
+            return int(row["n"]), int(row["s"])
+
     async def memory_count(self, user_id: str) -> int:
         async with self._conn() as conn:
             cur = await conn.execute("SELECT count(*) AS n FROM memories WHERE user_id = %s", (user_id,))
