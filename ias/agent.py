@@ -53,7 +53,16 @@ WEEKDAYS = "一二三四五六日"
 
 NO_LLM = "还没有配置大模型：请运行 python ias.py setup（或设置 OPENAI_API_KEY，可选 OPENAI_BASE_URL、IAS_MODEL）后重启 iAs。"
 APOLOGY = "抱歉，大模型服务暂时不可用，请稍后再试。"
-KEY_REFUSED = "大模型服务拒绝了密钥：请检查 OPENAI_API_KEY"      # a 401/403: waiting will not help
+KEY_REFUSED_HEAD = "大模型服务拒绝了密钥："     # a 401/403: waiting will not help
+
+
+def key_refused(key_from: str) -> str:
+    """The refused key's line, naming its variable (OPENAI_API_KEY, or a fallback's IAS_FALLBACK_KEY_<N>)."""
+    return f"{KEY_REFUSED_HEAD}请检查 {key_from}"
+
+
+KEY_REFUSED = key_refused("OPENAI_API_KEY")
+
 TOOLS_REFUSED = ("大模型服务拒绝了这次请求的工具列表（技能太多或定义太长）：请调低 IAS_MAX_TOOLS 或 "
                  "IAS_TOOLS_BYTES，或减少技能。")
 TURN_TIMEOUT_REPLY = "抱歉，这次处理超时了，请稍后再试。"
@@ -132,7 +141,8 @@ class Agent:
                     reply = await self._rounds(user_id, text, new, notify, clock, current, for_owner=for_owner)
         except LLMError as exc:
             log.error("turn for %s failed: %s", user_id, exc)
-            reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else KEY_REFUSED if isinstance(exc, KeyRefused)
+            reply = (TOOLS_REFUSED if isinstance(exc, ToolsRefused) else key_refused(exc.key_from)
+                     if isinstance(exc, KeyRefused)
                      else APOLOGY)
         except TimeoutError:
             if not clock.expired():

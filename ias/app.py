@@ -197,5 +197,5 @@ def llm_chain(config: Config, retry_delays: tuple[float, ...] | None = None) -> 
     from .llm import LLM, Models
     delays = {} if retry_delays is None else {"retry_delays": retry_delays}
     return Models(LLM(config.openai_api_key, config.openai_base_url, config.model, timeout=config.llm_timeout, **delays),
-                  tuple(LLM(e.key, e.base_url, e.model, timeout=config.llm_timeout, **delays)
+                  tuple(LLM(e.key, e.base_url, e.model, timeout=config.llm_timeout, key_from=e.key_from, **delays)
                         for e in config.fallback_models))

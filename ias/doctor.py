@@ -92,13 +92,13 @@ async def llm_line(llm, what: str, key_from: str, fix: str) -> tuple[bool | None
     """doctor's look at one model's endpoint (`what`: the check's name): its model list; a warning for a model
     it does not list (`fix` says what to change; none for an endpoint without a list), a failure for a
     refused key (`key_from`: the variable it came from) or an endpoint that cannot be reached."""
-    from .agent import KEY_REFUSED
+    from .agent import key_refused
     from .llm import KeyRefused
     url = llm.base_url or "https://api.openai.com/v1"
     try:
         names = await llm.models()
     except KeyRefused:
-        return False, what, f"{url}: {KEY_REFUSED.replace('OPENAI_API_KEY', key_from)}"
+        return False, what, f"{url}: {key_refused(key_from)}"
     except Exception as exc:              # any endpoint failure is a finding, not a crash
         return False, what, f"{llm.base_url or 'default endpoint'} unreachable ({type(exc).__name__})"
     if names is None:

@@ -53,7 +53,12 @@ class LLMError(IasError):
 
 
 class KeyRefused(LLMError):
-    """The endpoint refused the API key (401 or 403): no retry helps; the owner must fix OPENAI_API_KEY."""
+    """The endpoint refused the API key (401 or 403): no retry helps; the owner must fix `key_from`
+    (OPENAI_API_KEY, or a fallback's IAS_FALLBACK_KEY_<N>)."""
+
+    def __init__(self, message: str, key_from: str = "OPENAI_API_KEY"):
+        super().__init__(message)
+        self.key_from = key_from
 
 
 class ToolsRefused(LLMError):
@@ -136,7 +141,9 @@ class LLM:
     """One OpenAI-compatible endpoint and model."""
 
     def __init__(self, api_key: str, base_url: str | None, model: str,
-                 retry_delays: tuple[float, ...] = LLM_RETRY_DELAYS, timeout: float = LLM_TIMEOUT):
+                 retry_delays: tuple[float, ...] = LLM_RETRY_DELAYS, timeout: float = LLM_TIMEOUT,
+                 key_from: str = "OPENAI_API_KEY"):
+        self.key_from = key_from        # the variable the key came from: what a refused key tells the owner to fix
         self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
         self._client = None
         self._first = asyncio.Lock()        # one import and one client, however many turns start at once
@@ -192,7 +199,7 @@ class LLM:
                 await asyncio.sleep(self.retry_delays[attempt])
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise KeyRefused(f"LLM endpoint refused the API key: {type(exc).__name__} "
-                                 f"{getattr(exc, 'status_code', '')}") from exc
+                                 f"{getattr(exc, 'status_code', '')}", self.key_from) from exc
             except openai.BadRequestError as exc:
                 if "tool" in str(exc).lower():
                     raise ToolsRefused(f"LLM endpoint refused the tools ({len(tools)} offered): "
@@ -213,7 +220,7 @@ class LLM:
             async with asyncio.timeout(self.timeout):
                 listing = await client.models.list()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            raise KeyRefused(f"LLM endpoint refused the API key: {type(exc).__name__}") from exc
+            raise KeyRefused(f"LLM endpoint refused the API key: {type(exc).__name__}", self.key_from) from exc
         except openai.NotFoundError:
             return None
         return [m.id for m in listing.data]

@@ -10,7 +10,7 @@ import sys
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from .agent import APOLOGY, KEY_REFUSED, NO_LLM, TOOLS_REFUSED
+from .agent import APOLOGY, KEY_REFUSED_HEAD, NO_LLM, TOOLS_REFUSED
 from .app import App, build, open_llm, open_store, resolve_owner, wechat
 from .approval import Approvals, Notify
 from .channels.base import Inbound
@@ -94,7 +94,7 @@ async def run_once(config: Config, text: str, cluster: Cluster | None = None) ->
             finally:
                 await finish(c)
             print(reply)
-            return 1 if reply in (APOLOGY, KEY_REFUSED, TOOLS_REFUSED) else 0
+            return 1 if reply in (APOLOGY, TOOLS_REFUSED) or reply.startswith(KEY_REFUSED_HEAD) else 0
 
 
 async def finish(c: App) -> None:

@@ -170,6 +170,11 @@ class ChainTest(GateTestCase):
         self.assertEqual(await self.turn(closed_port_url(), key="sk-wrong", IAS_FALLBACK_KEY_1="sk-test"),
                          "用自己的密钥")
 
+    async def test_a_fallback_s_refused_key_is_told_by_its_own_name(self):
+        """The primary is down and the fallback refuses its key: the owner is told which variable to fix."""
+        self.assertEqual(await self.turn(closed_port_url(), IAS_FALLBACK_KEY_1="sk-wrong"),
+                         "大模型服务拒绝了密钥：请检查 IAS_FALLBACK_KEY_1")
+
     async def test_a_refused_key_is_told_and_never_falls_back(self):
         self.assertEqual(await self.turn(key="sk-wrong", IAS_FALLBACK_KEY_1="sk-test"), KEY_REFUSED)
         self.primary.script(error(403))
