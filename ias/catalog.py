@@ -141,7 +141,29 @@ def tool_spec(skill) -> dict:
     return {"type": "function",
             "function": {"name": skill.name, "description": skill.description,
                          # an MCP tool: the schema its server announced (iAs validates a relaxed copy)
-                         "parameters": skill.mcp.schema if skill.mcp is not None else skill.parameters}}
+                         "parameters": untitled(skill.mcp.schema if skill.mcp is not None else skill.parameters)}}
+
+
+_SUBSCHEMA = ("items", "not", "additionalProperties")
+_SUBSCHEMAS = ("anyOf", "oneOf", "allOf")
+
+
+def untitled(schema):
+    """`schema` without its `title` keywords: a title labels a parameter in the owner's confirmation message
+    and tells the model nothing its name and description do not, while every byte of a tool is paid for on
+    every request. Only the keyword goes: a property that is named `title` stays."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value for key, value in schema.items() if key != "title"}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {name: untitled(sub) for name, sub in out["properties"].items()}
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = untitled(out[key])
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [untitled(sub) for sub in out[key]]
+    return out
 
 
 def spec_size(spec: dict) -> int:

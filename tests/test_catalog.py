@@ -15,7 +15,7 @@ from ias.app import build
 from ias.config import Config
 from ias.limits import MAX_TOOLS_CEILING
 from ias.llm import LLM
-from ias.catalog import Catalog, tokens
+from ias.catalog import Catalog, tokens, untitled
 from ias.registry import load_registry
 from tests import skillset
 from tests.servers.llm import LLMServer, calls, text
@@ -41,6 +41,21 @@ class TokensTest(unittest.TestCase):
         self.assertEqual(tokens("Turning the Lights on"), ["turn", "light", "on"])
         self.assertEqual(tokens("bedroom_ac_off"), ["bedroom", "ac", "off"])
         self.assertEqual(tokens("查询 weather 天气"), ["查", "询", "查询", "weather", "天", "气", "天气"])
+
+
+class ToolSpecTest(unittest.TestCase):
+    def test_titles_are_for_the_owner_not_sent_to_the_model(self):
+        schema = {"type": "object", "title": "T", "properties": {
+            "title": {"title": "标题", "type": "string", "description": "kept"},
+            "items": {"type": "array", "items": {"title": "x", "type": "integer"}},
+            "choice": {"anyOf": [{"title": "a", "type": "string"}, {"type": "null"}]},
+            "more": {"type": "object", "additionalProperties": {"title": "v", "type": "string"}}}}
+        self.assertEqual(untitled(schema), {"type": "object", "properties": {
+            "title": {"type": "string", "description": "kept"},
+            "items": {"type": "array", "items": {"type": "integer"}},
+            "choice": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "more": {"type": "object", "additionalProperties": {"type": "string"}}}})
+        self.assertEqual(schema["properties"]["title"]["title"], "标题", "the skill's own schema is untouched")
 
 
 class GeneratedSkillsTest(unittest.TestCase):
