@@ -258,19 +258,20 @@ def facts(value) -> Facts | None:
 FILE_NOTE = "（文件 {size}，SHA-256 {digest}）"
 
 
+def size_text(size: int) -> str:
+    """A size as the owner and the model read it: 512 B, 123 KB, 4.5 MB."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{round(size / 1024)} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
 def file_note(spec, value) -> str:
     """For the approval message (SPEC 13): after a string parameter declared `"format": "file"` that names a
     file (`facts`), its size and SHA-256 prefix (its name ends the path shown before); else nothing."""
     found = facts(value) if isinstance(spec, dict) and spec.get("format") == "file" else None
     return "" if found is None else FILE_NOTE.format(size=size_text(found.size), digest=found.digest)
-
-
-def size_text(size: int) -> str:
-    """A size for people: 532 B, 12.3 KB, 4.5 MB."""
-    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def own(path: str, outgoing: str | os.PathLike) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .limits import (ARGUMENTS_MAX, ERROR_TAIL, MEDIA_SEND_FILES_MAX, MEDIA_SEND_MAX, OUTPUT_HELD_MAX, STDOUT_TO_LLM,
                      TOOL_CALLS_MAX, TOOL_NAME_SHOWN, TOOL_RESULT_MAX)
+from .outgoing import size_text
 
 if TYPE_CHECKING:
     from .outcome import RunResult
@@ -287,15 +288,6 @@ def _cut_utf8(text: str, limit: int) -> tuple[str, bool]:
 
 # -- files the owner sent (issue 26) -----------------------------------------------------------------
 FILE_KINDS = {"image": "图片", "voice": "语音", "file": "文件", "video": "视频"}
-
-
-def size_text(size: int) -> str:
-    """A size as the owner and the model read it: 512 B, 123 KB, 4.5 MB."""
-    if size < 1024:
-        return f"{size} B"
-    if size < 1024 * 1024:
-        return f"{round(size / 1024)} KB"
-    return f"{size / (1024 * 1024):.1f} MB"
 
 
 def file_line(kind: str, name: str, mime: str, size: int, shown: str, seen: bool) -> str:

@@ -227,7 +227,7 @@ class ApprovalFileParameterTest(GateTestCase):
                        "", 3, "pending", None, None)
         message = render(row, "123456", 300, schema)
         digest = hashlib.sha256(b"j" * 12345).hexdigest()[:12]
-        self.assertIn(f"· 照片：{photo}（文件 12.1 KB，SHA-256 {digest}）\n", message)
+        self.assertIn(f"· 照片：{photo}（文件 12 KB，SHA-256 {digest}）\n", message)
         self.assertIn(f"· note：{photo}\n", message)              # not declared a file: the value alone
         for value in (str(self.tmp / "missing.jpg"), str(self.tmp), "relative.jpg"):
             row = Approval(uuid.uuid4(), None, None, "owner", "print_photo", {"photo": value}, "", 3, "pending",
