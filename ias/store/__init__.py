@@ -24,12 +24,13 @@ from ..supervisor import Supervisor
 from .approvals import Approvals
 from .audit import AUDIT_LOCK, ChainView
 from .conversation import Conversation
-from .memory import MemoryRow, Memories
+from .memory import Memories
 from .grants import Grants
 from .migrate import SCHEMA_LOCK, migrate
 from .outbox import Outbox
 from .pool import objects, without_password
-from .records import AuditEntry, AuditRow, Approval, ChainRow, Grant, InboundRow, OutboxRow, Pruned, Task, UsageRow
+from .records import (AuditEntry, AuditRow, Approval, ChainRow, Grant, InboundRow, MemoryRow, OutboxRow, Pruned, Task,
+                      UsageRow)
 from .tasks import Tasks
 from .usage import TokenUsage
 from .values import TOO_DEEP, storable

@@ -10,25 +10,10 @@ and checked there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from dataclasses import fields, replace
 
 from .audit import AuditLog
-from .records import AuditEntry
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRow:
-    """One memory as stored."""
-    id: int
-    user_id: str
-    text: str
-    source: str                   # "owner" | "model"
-    status: str                   # "active" | "unverified"
-    tainted: bool                 # the turn had read untrusted content before it was written
-    said: str | None              # the owner's message of that turn (cut), None outside a turn
-    created_at: datetime
-    confirmed_at: datetime | None
+from .records import AuditEntry, MemoryRow
 
 
 _FIELDS = ", ".join(f.name for f in fields(MemoryRow))

@@ -136,3 +136,17 @@ class Grant:
     approval_id: uuid.UUID
     mac: str
     revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """One memory as stored."""
+    id: int
+    user_id: str
+    text: str
+    source: str                   # "owner" | "model"
+    status: str                   # "active" | "unverified"
+    tainted: bool                 # the turn had read untrusted content before it was written
+    said: str | None              # the owner's message of that turn (cut), None outside a turn
+    created_at: datetime
+    confirmed_at: datetime | None
