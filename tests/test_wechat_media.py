@@ -24,7 +24,7 @@ from ias.config import Config
 from ias.inbox import Attachment, Inbox, attachments, safe_name
 from ias.supervisor import Supervisor
 from tests.servers.ilink import ILinkServer
-from tests.support import FIXTURES, GateTestCase, ScriptedLLM, answer, capture_logs, until
+from tests.support import FIXTURES, REPO, GateTestCase, ScriptedLLM, answer, ask, capture_logs, until
 from tests.test_wechat import WeChatTestCase
 
 MB = 1024 * 1024
@@ -69,8 +69,9 @@ def files_in(root: Path) -> list[Path]:
 
 class ModelTestCase(GateTestCase):
     """The whole path: the local iLink server → the WeChat channel (built by app.wechat) → router → agent →
-    the model (ScriptedLLM), with IAS_VISION set to `vision`."""
+    the model (ScriptedLLM), with IAS_VISION set to `vision`, over the user skills in `skills`."""
     vision = 1
+    skills = FIXTURES / "gate"
 
     async def asyncSetUp(self):
         await super().asyncSetUp()
@@ -78,7 +79,7 @@ class ModelTestCase(GateTestCase):
         self.server = ILinkServer(hold=0.5).start()
         self.addCleanup(self.server.close)
         self.model = ScriptedLLM()
-        self.config = Config(data_dir=self.tmp, skills_dir=FIXTURES / "gate", system_skills_dir=None,
+        self.config = Config(data_dir=self.tmp, skills_dir=self.skills, system_skills_dir=None,
                              environ={"PATH": os.environ["PATH"]}, vision=self.vision,
                              wechat_token=self.server.token, wechat_owner=self.server.owner,
                              wechat_base_url=self.server.base_url, wechat_cdn_url=self.server.cdn_url)
@@ -175,6 +176,24 @@ class NoVisionTest(ModelTestCase):
         content = request["messages"][-1]["content"]
         self.assertEqual(content, f"[图片：image.png，image/png，{len(png())} B，"
                                   f"已存到 inbox/{stored.parent.name}/{stored.name}]")
+
+
+class PictureOutTest(ModelTestCase):
+    """The README's promise end to end: a shipped skill draws a picture, the owner gets it on WeChat."""
+    skills = REPO / "skills"
+
+    async def test_the_bar_chart_reaches_the_owner_as_an_image_after_the_reply(self):
+        self.model.script(ask(("bar_chart", {"values": [3, 5, 2], "title": "本周用电"})), answer("图已画好。"))
+        self.server.message(text="画一个柱状图：周一 3，周二 5，周三 2")
+        await until(lambda: len(self.server.received_files()) == 1, 30)
+        texts = [m["item_list"][0]["text_item"]["text"] for m in self.server.sent if m["item_list"][0]["type"] == 1]
+        self.assertEqual(texts[-2:], ["图已画好。", "本周用电"])       # the reply, then the caption
+        [(kind, name, data)] = self.server.received_files()
+        self.assertEqual((kind, name), (2, None))                     # an image item
+        self.assertTrue(data.startswith(b"\x89PNG\r\n\x1a\n"))
+        self.assertEqual([m["item_list"][0]["type"] for m in self.server.sent][-3:], [1, 1, 2])
+        rows = self.sql("SELECT state FROM outbox WHERE file_path IS NOT NULL")
+        self.assertEqual(rows, [("sent",)])
 
 
 class MediaChannelTestCase(WeChatTestCase):
