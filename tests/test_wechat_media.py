@@ -192,8 +192,7 @@ class PictureOutTest(ModelTestCase):
         self.assertEqual((kind, name), (2, None))                     # an image item
         self.assertTrue(data.startswith(b"\x89PNG\r\n\x1a\n"))
         self.assertEqual([m["item_list"][0]["type"] for m in self.server.sent][-3:], [1, 1, 2])
-        rows = self.sql("SELECT state FROM outbox WHERE file_path IS NOT NULL")
-        self.assertEqual(rows, [("sent",)])
+        await until(lambda: self.sql("SELECT state FROM outbox WHERE file_path IS NOT NULL") == [("sent",)])
 
 
 class MediaChannelTestCase(WeChatTestCase):
