@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
 
 from . import systemd
-from .app import build, open_llm, open_store, resolve_owner, wechat
+from .app import build, make_inbox, open_llm, open_store, resolve_owner, wechat
 from .changes import ADDED, LOWERED, MODIFIED, Change
 from .channels.base import Channel
 from .channels.console import ConsoleChannel
@@ -110,7 +110,8 @@ async def run_daemon(config: Config, stdin=None, stdout=None, *, db_lost_limit: 
             c.mcp.keep()                            # MCP servers start now, and come back when they die
             supervisor.spawn(monitor.run(), "database monitor")
             supervisor.spawn(scheduler.run(), "scheduler")
-            supervisor.spawn(prune_daily(store, config.retention_days, on_store_error=store_error), "retention")
+            supervisor.spawn(prune_daily(store, config.retention_days, on_store_error=store_error,
+                                         inbox=make_inbox(config)), "retention")
             supervisor.spawn(_watchdog(systemd.watchdog_interval()), "watchdog")
             supervisor.spawn(watch_skills(c.registry, console, user,
                                           tell=lambda text: c.outbox.send(user, text, kind="notice")), "skills watcher")

@@ -3,7 +3,8 @@
 Files land in `$IAS_DATA_DIR/inbox/YYYY-MM-DD/` (directories 0700, files 0600) under a name made safe
 here: the sender's name is hostile (path separators, control characters, leading dots, any length).
 The whole inbox is bounded (IAS_INBOX_MAX_MB): after each new file the oldest files are removed first,
-never the new one. `Attachment` is the record of one stored file that crosses modules (the channel's
+never the new one; day directories older than IAS_RETENTION_DAYS are removed by the daily retention
+(`prune`). `Attachment` is the record of one stored file that crosses modules (the channel's
 Inbound, the store's inbound row, the agent's turn); `attachments()` reads such records back from
 stored JSON, checking every field (a database row is input too).
 
@@ -27,6 +28,7 @@ from .limits import MEDIA_NAME_MAX
 log = logging.getLogger(__name__)
 
 KINDS = ("image", "voice", "file", "video")
+_DAY = re.compile(r"\d{4}-\d\d-\d\d")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]+")
 # Image types told by their first bytes (images come without a name)
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png", ".png"), (b"\xff\xd8\xff", "image/jpeg", ".jpg"),
@@ -162,6 +164,26 @@ class Inbox:
         for day in (self.root.iterdir() if removed else ()):
             if day.is_dir() and not day.is_symlink() and not any(day.iterdir()):
                 day.rmdir()
+        return removed
+
+    def prune(self, before: datetime) -> int:
+        """Remove the day directories older than `before`'s day, with their files (SPEC 15 retention:
+        IAS_RETENTION_DAYS); how many files went. A name that is not a day is left alone."""
+        cutoff = (before.astimezone() if before.tzinfo else before).strftime("%Y-%m-%d")   # days are named locally
+        removed = 0
+        for day in sorted(self.root.iterdir()) if self.root.is_dir() else ():
+            if day.name >= cutoff or not _DAY.fullmatch(day.name) or day.is_symlink() or not day.is_dir():
+                continue
+            for path in day.iterdir():
+                try:
+                    path.unlink()
+                    removed += 1
+                except OSError as exc:
+                    log.warning("inbox: could not remove %s: %s", path, exc)
+            try:
+                day.rmdir()
+            except OSError as exc:
+                log.warning("inbox: could not remove %s: %s", day, exc)
         return removed
 
     def owns(self, path: Path) -> bool:

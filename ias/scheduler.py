@@ -31,6 +31,7 @@ from typing import Awaitable, Callable
 from .clock import SYSTEM, TZ
 from .cron import parse_schedule
 from .errors import StoreError
+from .inbox import Inbox
 from .limits import CLOCK_JUMP_TOLERANCE, SCHEDULER_MAX_SLEEP, SCHEDULER_RETRY, TASK_REPLY_MAX
 from .store import Store, Task
 from .supervisor import TASKS, Supervisor
@@ -180,17 +181,20 @@ RETENTION_PERIOD = 86400.0      # seconds between two prunes of old history
 
 async def prune_daily(store: Store, days: int, *, now: Callable[[], datetime] = SYSTEM.now,
                       sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                      on_store_error: OnStoreError | None = None) -> None:
+                      on_store_error: OnStoreError | None = None, inbox: Inbox | None = None) -> None:
     """Forever (a daemon job): remove the history older than `days` (`Store.prune_history`: what is
-    still queued or running stays), at start and then every RETENTION_PERIOD. `now` and `sleep`:
-    the clock and the wait, injected by tests. The audit log is not touched (only `ias audit
-    --prune-before` prunes it). Inbound files are not kept yet, so there are none to prune."""
+    still queued or running stays) and the owner's inbox files of older days, at start and then every
+    RETENTION_PERIOD. `now` and `sleep`: the clock and the wait, injected by tests. The audit log is
+    not touched (only `ias audit --prune-before` prunes it)."""
     while True:
+        before = now() - timedelta(days=days)
         try:
-            removed = await store.prune_history(now() - timedelta(days=days))
+            removed = await store.prune_history(before)
         except StoreError as exc:
             await (on_store_error or retry_later)(exc)
             continue
+        if inbox is not None:
+            removed = {**removed, "inbox files": await asyncio.to_thread(inbox.prune, before)}
         if any(removed.values()):
             log.info("retention: removed what was older than %d days: %s", days,
                      ", ".join(f"{count} {table}" for table, count in removed.items()))

@@ -6,10 +6,13 @@ Against the real PostgreSQL of the test run; the rule itself is in ias/store/val
 import asyncio
 import json
 import math
+import shutil
+import tempfile
 import unittest
 import uuid
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from unittest import mock
 
 import psycopg
@@ -17,6 +20,7 @@ import psycopg
 from ias.confirmation import canonical
 from ias.audit import verify
 from ias.errors import StoreError
+from ias.inbox import Inbox
 from ias.limits import STORED_JSON_DEPTH
 from ias.scheduler import prune_daily
 from ias.store import TOO_DEEP, Approval, AuditEntry, Store, storable
@@ -395,10 +399,19 @@ class RetentionTest(StoreTestCase):
             await wake.get()
         await self.store.append_messages("owner", [{"role": "user", "content": "ancient"}])
         self.sql("UPDATE messages SET at = %s", (self.old,))
-        job = asyncio.create_task(prune_daily(self.store, 180, now=lambda: clock[0], sleep=sleep))
+        root = Path(tempfile.mkdtemp(prefix="ias-inbox-"))
+        self.addCleanup(shutil.rmtree, root, True)
+        local = self.now.astimezone()       # the inbox names its days by the local date
+        old_day, kept_day = ((local - timedelta(days=n)).strftime("%Y-%m-%d") for n in (181, 179))
+        for day in (old_day, kept_day, "notes"):
+            (root / day).mkdir()
+            (root / day / "093000-abcdef-image.png").write_bytes(b"x")
+        job = asyncio.create_task(prune_daily(self.store, 180, now=lambda: clock[0], sleep=sleep,
+                                              inbox=Inbox(root, 10 ** 9)))
         self.addCleanup(job.cancel)
         self.assertEqual(await asyncio.wait_for(slept.get(), 10), 86400)
         self.assertEqual(self.sql("SELECT count(*) FROM messages"), [(0,)])
+        self.assertEqual(sorted(p.name for p in root.iterdir()), sorted([kept_day, "notes"]))
         await self.store.append_messages("owner", [{"role": "user", "content": "179 days old"}])
         self.sql("UPDATE messages SET at = %s", (self.now - timedelta(days=179),))
         clock[0] += timedelta(days=1)
