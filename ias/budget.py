@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 from datetime import date, datetime
-from typing import Callable
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .clock import SYSTEM, TZ
 from .errors import StoreError

@@ -1,7 +1,7 @@
 """The owner's inbox: files they sent (WeChat images, files, videos, voice), kept on disk and bounded.
 
-Files land in `$IAS_DATA_DIR/inbox/YYYY-MM-DD/` (directories 0700, files 0600) under a name made safe
-here: the sender's name is hostile (path separators, control characters, leading dots, any length).
+Files land in `$IAS_DATA_DIR/inbox/YYYY-MM-DD/` (the Beijing date; directories 0700, files 0600) under
+a name made safe here: the sender's name is hostile (path separators, control characters, leading dots, any length).
 The whole inbox is bounded (IAS_INBOX_MAX_MB): after each new file the oldest files are removed first,
 never the new one; day directories older than IAS_RETENTION_DAYS are removed by the daily retention
 (`prune`). `Attachment` is the record of one stored file that crosses modules (the channel's
@@ -21,8 +21,9 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from .clock import SYSTEM, TZ
 from .limits import MEDIA_NAME_MAX
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def safe_name(name: Any, default: str) -> str:
 class Inbox:
     """The inbox directory and its bound."""
 
-    def __init__(self, root: Path, max_bytes: int, *, now=datetime.now):
+    def __init__(self, root: Path, max_bytes: int, *, now: Callable[[], datetime] = SYSTEM.now):
         self.root = root
         self.max_bytes = max_bytes
         self._now = now
@@ -112,7 +113,7 @@ class Inbox:
     def save(self, data: bytes, kind: str, name: str, mime: str) -> Attachment:
         """Write `data` as a new file of today's directory (never replacing one), then keep the bound; the
         file's record. Raises OSError."""
-        now = self._now()
+        now = self._now().astimezone(TZ)     # days and times are Beijing time, as the owner reads them
         day = self.root / now.strftime("%Y-%m-%d")
         for directory in (self.root, day):
             directory.mkdir(mode=0o700, exist_ok=True)
@@ -169,7 +170,7 @@ class Inbox:
     def prune(self, before: datetime) -> int:
         """Remove the day directories older than `before`'s day, with their files (SPEC 15 retention:
         IAS_RETENTION_DAYS); how many files went. A name that is not a day is left alone."""
-        cutoff = (before.astimezone() if before.tzinfo else before).strftime("%Y-%m-%d")   # days are named locally
+        cutoff = before.astimezone(TZ).strftime("%Y-%m-%d")
         removed = 0
         for day in sorted(self.root.iterdir()) if self.root.is_dir() else ():
             if day.name >= cutoff or not _DAY.fullmatch(day.name) or day.is_symlink() or not day.is_dir():

@@ -17,6 +17,7 @@ from unittest import mock
 
 import psycopg
 
+from ias.clock import TZ
 from ias.confirmation import canonical
 from ias.audit import verify
 from ias.errors import StoreError
@@ -401,7 +402,7 @@ class RetentionTest(StoreTestCase):
         self.sql("UPDATE messages SET at = %s", (self.old,))
         root = Path(tempfile.mkdtemp(prefix="ias-inbox-"))
         self.addCleanup(shutil.rmtree, root, True)
-        local = self.now.astimezone()       # the inbox names its days by the local date
+        local = self.now.astimezone(TZ)     # the inbox names its days by the Beijing date
         old_day, kept_day = ((local - timedelta(days=n)).strftime("%Y-%m-%d") for n in (181, 179))
         for day in (old_day, kept_day, "notes"):
             (root / day).mkdir()

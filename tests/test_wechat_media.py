@@ -15,6 +15,7 @@ from unittest import mock
 
 from ias import limits
 from ias.app import build, wechat
+from ias.clock import TZ
 from ias.channels.base import SENT, FAILED
 from ias.channels.wechat.cdn import CDN, CDNError, TooLarge, decrypt, encrypt, outbound_key, padded_size, parse_key
 from ias.channels.wechat.channel import WeChatChannel
@@ -407,7 +408,7 @@ class PartsTest(WeChatTestCase):
     def test_the_inbox_bound_removes_the_oldest_first(self):
         root = Path(tempfile.mkdtemp(prefix="ias-inbox-")) / "inbox"
         self.addCleanup(lambda: __import__("shutil").rmtree(root.parent, ignore_errors=True))
-        day = [datetime(2026, 12, 1, 9)]
+        day = [datetime(2026, 12, 1, 9, tzinfo=TZ)]
         inbox = Inbox(root, 100, now=lambda: day[0])
         saved = []
         for n in range(4):
