@@ -362,19 +362,20 @@ class Outbox:
         expired = await self.store.expire_queued(now - timedelta(seconds=self.expire), now)
         if expired:
             log.warning("outbox: %d queued parts expired after %s", len(expired), span(self.expire))
-        queued = await self.store.queued()
+        queued = waiting = await self.store.queued()
         if self.fallback:
             queued = await self._fall_back(queued, now)
         for user_id in sorted({row.user_id for row in queued}):
             await self.flush(user_id)
         await self._keep_windows(now)
-        await self._sweep()
+        await self._sweep(waiting)
 
-    async def _sweep(self) -> None:
-        """Remove the file copies no queued part names any more, once OUTGOING_KEEP old."""
+    async def _sweep(self, queued: list[OutboxRow]) -> None:
+        """Remove the file copies no part `queued` (this tick's) names, once OUTGOING_KEEP old; a part sent
+        since still protects its copy until the next tick."""
         if self.outgoing is None:
             return
-        named = {row.file_path for row in await self.store.queued() if row.file_path is not None}
+        named = {row.file_path for row in queued if row.file_path is not None}
         removed = await asyncio.to_thread(outgoing.sweep, self.outgoing, named, self.wall(), limits.OUTGOING_KEEP)
         if removed:
             log.info("outbox: removed %d file copies that are sent, expired or were never queued", removed)
