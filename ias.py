@@ -3,13 +3,16 @@
 
 Run by an interpreter without iAs's dependencies (the system's python3), it runs again with the
 checkout's venv when that one can be run; else it goes on, and a command that needs them says in
-one line to run `make` first (`cli`)."""
+one line to run `make` first (`cli`). The cyclic garbage collector is off while iAs starts (see
+`cli.run`)."""
+import gc
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":
+    gc.disable()
     if not all(importlib.util.find_spec(name) for name in ("psycopg", "openai")):
         venv = Path(__file__).resolve().parent / ".venv"
         python = venv / "bin" / "python"

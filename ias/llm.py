@@ -24,10 +24,10 @@ the request (messages and tools as JSON) and of the reply (text and calls), each
 ESTIMATE_BYTES_PER_TOKEN, rounded up; an image part counts IMAGE_TOKENS_ESTIMATE. Not handled: cached
 or reasoning tokens (counted as the endpoint counts them, inside prompt and completion), prices.
 
-`openai` is imported on the first request, not at start: its ~500 type modules are a quarter of
-an idle daemon's memory, and a daemon that only sends reminders or answers /commands never
-needs them. The import (a second or more) runs in a worker thread, so the first turn does not
-hold up the channels and other turns on the event loop.
+`openai` is imported (by `sdk`, its type packages deferred) on the first request, not at start: a
+daemon that only sends reminders or answers /commands never needs it. In the daemon the import runs
+in a worker thread, so the first turn does not hold up the channels and other turns on the event
+loop; `--once` imports it at once (`warm`).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from . import sdk
 from .jsonschema import values as jsonvalues
 from .errors import IasError
 from .limits import ESTIMATE_BYTES_PER_TOKEN, IMAGE_TOKENS_ESTIMATE, LLM_RETRY_DELAYS, LLM_TIMEOUT, USAGE_TOKENS_MAX
@@ -147,7 +148,6 @@ class LLM:
         self._settings = {"api_key": api_key, "base_url": base_url, "max_retries": 0, "timeout": timeout}
         self._client = None
         self._first = asyncio.Lock()        # one import and one client, however many turns start at once
-        self._warming: asyncio.Future | None = None
         self.model = model
         self.base_url = base_url        # None: the SDK's default
         self.retry_delays = retry_delays
@@ -158,18 +158,16 @@ class LLM:
         """The SDK client, made (and `openai` imported) on first use; then what the import left behind is
         handed back to the system (a daemon idles with it for hours)."""
         if self._client is None:
-            import openai
-            self._client = openai.AsyncOpenAI(**self._settings)
+            self._client = sdk.client(self._settings)
             release_memory()
         return self._client
 
     def warm(self) -> None:
-        """Begin importing `openai` and making the client in a worker thread now (`--once`, where a request
-        is certain), not on the first request."""
-        if self._warming is None and self._client is None:
-            self._warming = asyncio.ensure_future(self._loaded_client())
-            # A failed import is the first request's to report (it tries again): nothing left unretrieved here.
-            self._warming.add_done_callback(lambda task: task.cancelled() or task.exception())
+        """Import `openai` and make the client now, on this thread (`--once`, where a request is certain and
+        nothing else is under way but the cluster's start: an import in a worker thread would only make each of
+        the store's round trips wait for the interpreter lock)."""
+        if self._client is None:
+            self._client = sdk.client(self._settings)
 
     async def _loaded_client(self):
         """The SDK client; on first use `openai` is imported and the client made in a worker thread."""
@@ -184,12 +182,12 @@ class LLM:
         Each attempt ends within `timeout` seconds, whatever the endpoint sends (or does not).
         """
         client = await self._loaded_client()
-        import openai
+        openai = sdk.load()
         for attempt in range(len(self.retry_delays) + 1):
             try:
                 async with asyncio.timeout(self.timeout):
-                    response = await client.chat.completions.create(
-                        model=self.model, messages=_unicode(messages), **({"tools": tools} if tools else {}))
+                    response = await sdk.chat(client, {"model": self.model, "messages": _unicode(messages),
+                                                       **({"tools": tools} if tools else {})})
                 return _reply(response, messages, tools, self.model)
             except _transient(openai) as exc:
                 if attempt == len(self.retry_delays):     # a 409 is a 4xx: SPEC §12 asks no fallback for it
@@ -215,7 +213,7 @@ class LLM:
         OpenAI-compatible servers offer chat completions only). A refused key is KeyRefused; any other
         failure is the SDK's exception."""
         client = await self._loaded_client()
-        import openai
+        openai = sdk.load()
         try:
             async with asyncio.timeout(self.timeout):
                 listing = await client.models.list()

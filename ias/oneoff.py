@@ -79,9 +79,10 @@ NO_CONFIRM = "ias: 无法请求确认：标准输入不是终端，且未登录�
 
 async def run_once(config: Config, text: str, cluster: Cluster | None = None) -> int:
     """`ias --once TEXT`: one turn for the owner; the reply on stdout. `cluster`: the embedded cluster, perhaps
-    begun already (see cli). The SDK is loaded in a thread from the start, while the store opens."""
+    begun already (see cli, which has loaded the SDK meanwhile when `asks_model`); the client is made before the
+    store opens."""
     async with open_llm(config) as llm:
-        if llm is not None:
+        if llm is not None and asks_model(config, text):
             llm.warm()
         async with open_store(config, cluster) as store:
             c = build(config, store, llm=llm)
@@ -95,6 +96,11 @@ async def run_once(config: Config, text: str, cluster: Cluster | None = None) ->
                 await finish(c)
             print(reply)
             return 1 if reply in (APOLOGY, TOOLS_REFUSED) or reply.startswith(KEY_REFUSED_HEAD) else 0
+
+
+def asks_model(config: Config, text: str) -> bool:
+    """Whether a `--once` of `text` is sure to ask the model: an API key is set and it is not a /command."""
+    return bool(config.openai_api_key) and not text.strip().startswith("/")
 
 
 async def finish(c: App) -> None:

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "ias.systemd", "ias.catalog", "ias.clock", "ias.envfile"})),
     ("services", frozenset({            # one outside thing each: the database, the model, settings, notifiers
         "ias.store", "ias.auditchain", "ias.audit", "ias.unwritten", "ias.monitor", "ias.pgcluster", "ias.config",
-        "ias.notifiers", "ias.llm", "ias.processes", "ias.service", "ias.datadir", "ias.inbox"})),
+        "ias.notifiers", "ias.sdk", "ias.llm", "ias.processes", "ias.service", "ias.datadir", "ias.inbox"})),
     ("skills", frozenset({              # skills: parsed, sandboxed, run, approved, scheduled
         "ias.sandbox", "ias.skills", "ias.changes", "ias.registry", "ias.outcome", "ias.runner", "ias.mcp",
         "ias.handlers", "ias.results", "ias.scheduler", "ias.confirmation", "ias.grants", "ias.approval", "ias.memory",
