@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import sys
-import tomllib
 from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +214,7 @@ def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | Non
     file = Path(explicit) if explicit else Path("ias.toml")
     data: dict = {}
     if explicit or file.exists():
+        import tomllib                  # only with a file to read: most set-ups have none
         try:
             data = tomllib.loads(file.read_text(encoding="utf-8"))
         except OSError as exc:
