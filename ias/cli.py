@@ -247,12 +247,13 @@ def _run(command) -> int:
 
 
 def started() -> None:
-    """The end of the start: the cyclic garbage collector on again, with what the start made (modules, classes,
-    the parsed skills) frozen, so that no collection walks it again (its few hundred cyclic leftovers stay).
-    `run` turns the collector off first: an import-heavy start otherwise collects again and again (~45 ms of
-    a `--once`)."""
-    gc.freeze()
-    gc.enable()
+    """The end of the start: the cyclic garbage collector, which `run` turned off (an import-heavy start otherwise
+    collects again and again: ~45 ms of a `--once`), on again, with what the start made (modules, classes, the
+    parsed skills) frozen so that no collection walks it again (its few hundred cyclic leftovers stay). Nothing
+    to do where the collector was on (`main` called in a process of its own, a test's)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def _leave(cluster) -> None:

@@ -314,5 +314,33 @@ class EntryPointTest(unittest.TestCase):
         self.assertNotIn("Traceback", done.stderr)
 
 
+# `asyncio.run` replaced by one that records whether the collector is on, and whether anything is frozen.
+COLLECTOR = """
+import asyncio, gc
+from ias import cli
+seen = []
+asyncio.run = lambda command: (command.close(), seen.append([gc.isenabled(), gc.get_freeze_count() > 0]), 0)[-1]
+gc.disable()
+print(cli.main(["tasks", "list"]), seen)
+"""
+
+
+class StartUpTest(unittest.TestCase):
+    """The cyclic collector, off while a command starts (`run` turns it off), is on again with the start's objects
+    frozen when the command's coroutine runs; `main` called with it on (a test's process) changes nothing."""
+
+    def test_the_collector_is_on_again_when_the_command_runs(self):
+        done = subprocess.run([sys.executable, "-c", COLLECTOR], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "IAS_DATA_DIR": tempfile.mkdtemp(prefix="ias-gc-")})
+        self.assertEqual((done.returncode, done.stdout), (0, "0 [[True, True]]\n"), done.stderr)
+
+    def test_a_process_whose_collector_is_on_is_left_as_it_is(self):
+        import gc
+        from ias import cli
+        frozen = gc.get_freeze_count()
+        cli.started()
+        self.assertEqual((gc.isenabled(), gc.get_freeze_count()), (True, frozen))
+
+
 if __name__ == "__main__":
     unittest.main()
