@@ -100,6 +100,9 @@ class _Deferred(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader):
         self.loader = loader
 
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)      # get_source, is_package, get_resource_reader: the real loader's
+
     def create_module(self, spec):
         return self.loader.create_module(spec)
 

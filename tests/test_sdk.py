@@ -53,6 +53,7 @@ class DeferredPackageTest(unittest.TestCase):
         self.assertEqual(self.log, ["deferme", "sub"])
         with self.assertRaisesRegex(AttributeError, "has no attribute 'missing'"):
             deferme.missing
+        self.assertIn("VALUE = 42", deferme.__loader__.get_source("deferme"))      # the real loader's, still
 
     def test_threads_reading_at_once_see_one_run(self):
         with sdk.deferring("deferme"):
