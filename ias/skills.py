@@ -117,6 +117,7 @@ RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]|$)")
 FENCE_RE = re.compile(r"^( {0,3})(`{3,}(?=[^`]*$)|~{3,})[ \t]*(\S*)")
 CLOSE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
+_STRUCTURE_RE = re.compile(r"\n( *[`~#][^\n]*)")    # a line that may open or close a fence, or be a heading
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
@@ -131,65 +132,79 @@ class _Block:
 class _Section:
     heading: str
     line: int
-    lines: list[tuple[int, str]]     # (line number, text) outside code fences
+    prose: list[tuple[int, str]]     # its lines outside code fences: (number of the first, "\n" + the lines joined)
     blocks: list[_Block]
 
 
-def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], list[str]]:
-    """Split SKILL.md into title, preamble lines and `##` sections, ignoring headings inside code fences."""
+def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
+    """Split SKILL.md into title, preamble (the text before the first `##`) and `##` sections, ignoring
+    headings inside code fences. One regex split cuts the text at the lines that may open or close a fence or
+    be a heading (a few in a file); only those are looked at one by one, the prose between them stays whole."""
+    # Lines end at "\n" only (str.splitlines() would also split at \f, \v, \x85, U+2028...), and lose one "\r".
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+        if text.endswith("\r"):
+            text = text[:-1]
+    # [prose, candidate line, prose, candidate line, ..., prose]: each prose piece is "" or "\n" + its lines.
+    pieces = _STRUCTURE_RE.split("\n" + text)
     title = ""
-    preamble: list[tuple[int, str]] = []
+    preamble: list[tuple[int, str]] = [(1, pieces[0])] if pieces[0] else []
+    prose = preamble                 # where the prose goes: the preamble, then the current section
     sections: dict[str, _Section] = {}
     duplicates: list[str] = []
     current: _Section | None = None
-    fence: tuple[str, int, str, int, list[str]] | None = None   # (marker, indent, lang, first line, lines)
-    # Lines end at "\n" only: str.splitlines() would also split at \f, \v, \x85, U+2028...
-    lines = text.split("\n")
-    if "\r" in text:
-        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    for number, line in enumerate(lines, 1):
+    fence: tuple[str, int, str, int, int] | None = None   # (marker, indent, lang, line number, piece index)
+    number = pieces[0].count("\n")   # lines before the next candidate
+    for k in range(1, len(pieces), 2):
+        line = pieces[k]
+        number += 1
+        lead = line.lstrip(" ")[0]
         if fence is not None:
-            marker, indent, lang, first, body = fence
-            lead = line[:1]
-            if lead == " ":
-                lead = line.lstrip(" ")[:1]
-            close = CLOSE_RE.match(line) if lead == marker[0] else None
-            if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
-                if current is not None:
-                    current.blocks.append(_Block(lang, "\n".join(body), first))
-                fence = None
-            else:
-                # Content lines lose up to the opening fence's indent (CommonMark).
-                body.append(line[min(indent, len(line) - len(line.lstrip(" "))):] if indent else line)
-            continue
-        lead = line[:1] if line[:1] != " " else line.lstrip(" ")[:1]   # prose skips the expressions
-        level, heading = 0, ""
-        if lead == "`" or lead == "~":
-            match = FENCE_RE.match(line)
-            if match:
-                fence = (match.group(2), len(match.group(1)), match.group(3).lower(), number + 1, [])
-                continue
+            if lead == fence[0][0]:
+                close = CLOSE_RE.match(line)
+                if close and close.group(1)[0] == lead and len(close.group(1)) >= len(fence[0]):
+                    if current is not None:
+                        current.blocks.append(_Block(fence[2], _body(pieces, fence[4], k, fence[1]), fence[3] + 1))
+                    fence = None
         elif lead == "#":
             heading_match = HEADING_RE.match(line)
-            if heading_match:
-                level, heading = len(heading_match.group(1)), _heading_text(line[heading_match.end():])
-        if level == 2:
-            key = SECTION_ALIASES.get(heading.lower(), "other:" + heading.lower())
-            if key in sections and not key.startswith("other:"):
-                duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
-            current = _Section(heading, number, [], [])
-            sections.setdefault(key, current)
-            continue
-        if current is None:
-            if not title and level == 1 and heading:
+            level = heading_match.end(1) - heading_match.start(1) if heading_match else 0
+            heading = _heading_text(line[heading_match.end():]) if level == 2 or (
+                level == 1 and current is None and not title) else ""
+            if level == 2:
+                key = SECTION_ALIASES.get(heading.lower()) or "other:" + heading.lower()
+                if key in sections and key[:6] != "other:":
+                    duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' "
+                                      f"(first at line {sections[key].line})")
+                current = _Section(heading, number, [], [])
+                prose = current.prose
+                sections.setdefault(key, current)
+            elif heading:
                 title = heading
             else:
-                preamble.append((number, line))
+                prose.append((number, "\n" + line))
         else:
-            current.lines.append((number, line))
+            opening = FENCE_RE.match(line)
+            if opening:
+                fence = (opening.group(2), len(opening.group(1)), opening.group(3).lower(), number, k)
+            else:
+                prose.append((number, "\n" + line))
+        after = pieces[k + 1]
+        if after:
+            if fence is None:
+                prose.append((number + 1, after))
+            number += after.count("\n")
     if fence is not None:
-        duplicates.append(f"{fence[3] - 1}: unclosed code fence")
-    return title, preamble, sections, duplicates
+        duplicates.append(f"{fence[3]}: unclosed code fence")
+    return title, "".join([chunk for _, chunk in preamble]), sections, duplicates
+
+
+def _body(pieces: list[str], opening: int, closing: int, indent: int) -> str:
+    """A fence's content: the lines between pieces[opening] and [closing], less up to its indent (CommonMark)."""
+    body = "".join([piece if i % 2 else "\n" + piece for i, piece in enumerate(pieces[opening + 1:closing], 1)])[1:]
+    if indent:
+        body = "\n".join([b[min(indent, len(b) - len(b.lstrip(" "))):] for b in body.split("\n")])
+    return body
 
 
 def _heading_text(rest: str) -> str:
@@ -209,10 +224,11 @@ def _clip(value: str, limit: int = 40) -> str:
 def _text(section: _Section) -> list[tuple[int, str]]:
     """The non-empty prose lines of a section, stripped of list markers and backticks."""
     out = []
-    for number, line in section.lines:
-        line = line.strip().lstrip("-*").strip().strip("`").strip()
-        if line and not line.startswith("<!--"):
-            out.append((number, line))
+    for first, chunk in section.prose:
+        for number, line in enumerate(chunk.split("\n")[1:], first):
+            line = line.strip().lstrip("-*").strip().strip("`").strip()
+            if line and not line.startswith("<!--"):
+                out.append((number, line))
     return out
 
 
@@ -231,19 +247,21 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
     `lazy`: the schema is checked now but its validator built at its first use (the `skills` listing, which
     validates nothing, skips half the work). `real`: the skill directory's resolved path when the caller
     knows it (a registry resolves its root once, not each of thousands of skills)."""
+    return _parse(str(path), path.parent.name, text, source, lazy, real)
+
+
+def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+    """parse_skill of the SKILL.md at `where` (a path as text) in the directory `name`."""
     from . import jsonschema as schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
-    where = str(path)
     problems: list[str] = []
-    directory = path.parent
-    real = real or directory.resolve()
-    name = directory.name
+    real = real or Path(where).parent.resolve()
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
     title, preamble, sections, structural = _split(text.removeprefix("\ufeff"))   # a BOM is no text
     problems.extend(f"{where}:{p}" for p in structural)
-    description = "\n".join(line for _, line in preamble).strip() or title
+    description = preamble.strip() or title
     if not description:
         problems.append(f"{where}:1: missing description (the text before the first ## heading)")
 
@@ -289,8 +307,9 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
                     try:
-                        # once per load; the gate uses it per call
-                        validator = lazy_validator(parameters, schema.check) if lazy else schema.compile(parameters)
+                        # once per load; the gate uses it per call (`loads` held the JSON to its limits)
+                        validator = lazy_validator(parameters, lambda p: schema.check(p, measured=True)) if lazy \
+                            else schema.compile(parameters)
                     except schema.SchemaError as exc:
                         problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
@@ -427,16 +446,16 @@ def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tupl
 
 def lazy_validator(parameters: dict, check: Callable[[dict], list[str]] | None = None) -> Callable[[object], list[str]]:
     """The validator of `parameters`, compiled at its first use; `check` (e.g. jsonschema.check) is run now, and
-    its problems raised as SchemaError."""
-    from . import jsonschema as schema
-    problems = check(parameters) if check is not None else []
-    if problems:
+    its problems raised as SchemaError. The schema package is imported only when needed: a cached listing never is."""
+    if check is not None and (problems := check(parameters)):
+        from . import jsonschema as schema
         raise schema.SchemaError(problems)
     compiled: Callable[[object], list[str]] | None = None
 
     def validate(instance: object) -> list[str]:
         nonlocal compiled
         if compiled is None:
+            from . import jsonschema as schema
             compiled = schema.compile(parameters)
         return compiled(instance)
     return validate
@@ -446,12 +465,24 @@ def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: 
     """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is.
     `lazy`, `real`: see parse_skill."""
     path = Path(directory) / "SKILL.md"
+    return read_skill(str(path), path.parent.name, source, lazy, real)
+
+
+def read_skill(path: str, name: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+    """load_skill of the SKILL.md at `path` (as text, as a registry scans it) in the directory `name`."""
     try:
         # Opened without blocking and checked before reading: not a FIFO or device, which could block or never end.
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError(f"not a regular file: {path}")
-            data = f.read(SKILL_FILE_MAX + 1)
+            # Up to SKILL_FILE_MAX + 1 bytes or the end of the file (its size says how much to ask for first).
+            data = os.read(fd, min(st.st_size, SKILL_FILE_MAX) + 1)
+            while len(data) <= SKILL_FILE_MAX and (more := os.read(fd, SKILL_FILE_MAX + 1 - len(data))):
+                data += more
+        finally:
+            os.close(fd)
         if len(data) > SKILL_FILE_MAX:
             raise SkillError([f"{path}:1: SKILL.md is larger than {SKILL_FILE_MAX // 1024} KiB"])
         text = data.decode("utf-8")
@@ -461,7 +492,7 @@ def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: 
     except OSError as exc:
         raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
     try:
-        return parse_skill(path, text, source, lazy, real)
+        return _parse(path, name, text, source, lazy, real)
     except SkillError:
         raise
     except Exception as exc:  # noqa: BLE001 - one bad skill must never stop the others
