@@ -268,7 +268,7 @@ def _write_cache(file: Path, entries: dict) -> None:
         file.parent.mkdir(parents=True, exist_ok=True)
         temporary = file.with_name(f".{file.name}.{os.getpid()}")
         # ASCII (non-ASCII escaped): half the memory of a string holding CJK, and no encoding to write it.
-        temporary.write_bytes(json.dumps({"version": CACHE_VERSION, "entries": out}).encode("ascii"))
+        temporary.write_bytes(json.dumps({"version": CACHE_VERSION, "entries": out}, check_circular=False).encode("ascii"))
         os.replace(temporary, file)
     except OSError as exc:
         log.debug("skill cache %s not written: %s", file, exc)

@@ -3,6 +3,7 @@
 The set of loaded skills, its reload and caches live in registry.py."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -87,6 +88,7 @@ class McpServer:
         return self.directory / "SKILL.md"
 
 
+_UNBOXED = Policy()                     # no `## Sandbox`: the default sandbox (one shared, it is frozen)
 KINDS = ("script", "builtin", "mcp")     # how a skill runs; the gate has one executor for each
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -112,12 +114,16 @@ EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how t
 BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find", "memory.remember", "memory.recall",
                            "memory.forget"})
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
-# CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
-# the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
-HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]|$)")
-FENCE_RE = re.compile(r"^( {0,3})(`{3,}(?=[^`]*$)|~{3,})[ \t]*(\S*)")
-CLOSE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
-_STRUCTURE_RE = re.compile(r"\n( *[`~#][^\n]*)")    # a line that may open or close a fence, or be a heading
+# The structure of a SKILL.md, after a "\n" (each line is preceded by one; a token ends before the next):
+# an ATX heading (CommonMark: up to 3 spaces of indent, a space or tab or nothing after the #s), or a fenced
+# code block whole, through its closing line or, unclosed, to the end (a backtick fence's info string has no
+# backtick; the closing fence, of the same character and at least as long, has no info string).
+TOKEN_RE = re.compile(r"""\n(?:
+    [ ]{0,3}(\#{1,6})(?:[ \t]([^\n]*))?(?![^\n])                          # 1: the #s, 2: the rest
+  | ([ ]{0,3})(`{3,}(?=[^`\n]*(?![^\n]))|~{3,})[ \t]*(\S*)[^\n]*     # 3: indent, 4: fence, 5: info string
+    ((?:\n[^\n]*)*?)                                                    # 6: the content lines, each after a \n
+    (?:\n[ ]{0,3}\4(?:(?<=`)`*|(?<=~)~*)[ \t]*(?![^\n]) | (\Z))         # the closing line, or 7: the end
+)""", re.VERBOSE)
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
@@ -138,73 +144,57 @@ class _Section:
 
 def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
     """Split SKILL.md into title, preamble (the text before the first `##`) and `##` sections, ignoring
-    headings inside code fences. One regex split cuts the text at the lines that may open or close a fence or
-    be a heading (a few in a file); only those are looked at one by one, the prose between them stays whole."""
+    headings inside code fences. One regex finds the headings and the fenced blocks (a few in a file); the
+    prose between them is kept whole."""
     # Lines end at "\n" only (str.splitlines() would also split at \f, \v, \x85, U+2028...), and lose one "\r".
     if "\r" in text:
         text = text.replace("\r\n", "\n")
         if text.endswith("\r"):
             text = text[:-1]
-    # [prose, candidate line, prose, candidate line, ..., prose]: each prose piece is "" or "\n" + its lines.
-    pieces = _STRUCTURE_RE.split("\n" + text)
+    text = "\n" + text
     title = ""
-    preamble: list[tuple[int, str]] = [(1, pieces[0])] if pieces[0] else []
-    prose = preamble                 # where the prose goes: the preamble, then the current section
+    preamble: list[tuple[int, str]] = []
+    prose = preamble                 # (line number, "\n" + lines): the preamble's, then the current section's
     sections: dict[str, _Section] = {}
     duplicates: list[str] = []
     current: _Section | None = None
-    fence: tuple[str, int, str, int, int] | None = None   # (marker, indent, lang, line number, piece index)
-    number = pieces[0].count("\n")   # lines before the next candidate
-    for k in range(1, len(pieces), 2):
-        line = pieces[k]
-        number += 1
-        lead = line.lstrip(" ")[0]
-        if fence is not None:
-            if lead == fence[0][0]:
-                close = CLOSE_RE.match(line)
-                if close and close.group(1)[0] == lead and len(close.group(1)) >= len(fence[0]):
-                    if current is not None:
-                        current.blocks.append(_Block(fence[2], _body(pieces, fence[4], k, fence[1]), fence[3] + 1))
-                    fence = None
-        elif lead == "#":
-            heading_match = HEADING_RE.match(line)
-            level = heading_match.end(1) - heading_match.start(1) if heading_match else 0
-            heading = _heading_text(line[heading_match.end():]) if level == 2 or (
-                level == 1 and current is None and not title) else ""
-            if level == 2:
-                key = SECTION_ALIASES.get(heading.lower()) or "other:" + heading.lower()
-                if key in sections and key[:6] != "other:":
-                    duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' "
-                                      f"(first at line {sections[key].line})")
-                current = _Section(heading, number, [], [])
-                prose = current.prose
-                sections.setdefault(key, current)
-            elif heading:
-                title = heading
-            else:
-                prose.append((number, "\n" + line))
+    end = last = 0                   # where the last token ended, and the number of its last line
+    for token in TOKEN_RE.finditer(text):
+        start = token.start()
+        number = last + 1 + text.count("\n", end, start)      # of the token's first line
+        if start > end:
+            prose.append((last + 1, text[end:start]))
+        end = token.end()
+        last = number + text.count("\n", start + 1, end)
+        hashes, rest, indent, marker, lang, body, unclosed = token.groups()
+        if marker is not None:
+            if unclosed is not None:
+                duplicates.append(f"{number}: unclosed code fence")
+            elif current is not None:
+                if indent:       # content lines lose up to the opening fence's indent (CommonMark)
+                    body = "\n".join([b[min(len(indent), len(b) - len(b.lstrip(" "))):] for b in body.split("\n")])
+                current.blocks.append(_Block(lang.lower(), body[1:], number + 1))
+            continue
+        level = len(hashes)
+        heading = ""
+        if level == 2 or (level == 1 and current is None and not title):
+            heading = rest.strip(" \t") if rest else ""
+            if heading[-1:] == "#":           # a closing run of #s, perhaps
+                heading = _heading_text(rest)
+        if level == 2:
+            key = SECTION_ALIASES.get(heading.lower()) or "other:" + heading.lower()
+            if key in sections and key[:6] != "other:":
+                duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
+            current = _Section(heading, number, [], [])
+            prose = current.prose
+            sections.setdefault(key, current)
+        elif heading:
+            title = heading
         else:
-            opening = FENCE_RE.match(line)
-            if opening:
-                fence = (opening.group(2), len(opening.group(1)), opening.group(3).lower(), number, k)
-            else:
-                prose.append((number, "\n" + line))
-        after = pieces[k + 1]
-        if after:
-            if fence is None:
-                prose.append((number + 1, after))
-            number += after.count("\n")
-    if fence is not None:
-        duplicates.append(f"{fence[3]}: unclosed code fence")
+            prose.append((number, text[start:end]))
+    if end < len(text):
+        prose.append((last + 1, text[end:]))
     return title, "".join([chunk for _, chunk in preamble]), sections, duplicates
-
-
-def _body(pieces: list[str], opening: int, closing: int, indent: int) -> str:
-    """A fence's content: the lines between pieces[opening] and [closing], less up to its indent (CommonMark)."""
-    body = "".join([piece if i % 2 else "\n" + piece for i, piece in enumerate(pieces[opening + 1:closing], 1)])[1:]
-    if indent:
-        body = "\n".join([b[min(indent, len(b) - len(b.lstrip(" "))):] for b in body.split("\n")])
-    return body
 
 
 def _heading_text(rest: str) -> str:
@@ -260,7 +250,8 @@ def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
     title, preamble, sections, structural = _split(text.removeprefix("\ufeff"))   # a BOM is no text
-    problems.extend(f"{where}:{p}" for p in structural)
+    if structural:
+        problems.extend(f"{where}:{p}" for p in structural)
     description = preamble.strip() or title
     if not description:
         problems.append(f"{where}:1: missing description (the text before the first ## heading)")
@@ -361,7 +352,7 @@ def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path
                     env.append(item)
 
     policy = _sandbox_section(sections["sandbox"], risk, mcp, real, problems, where) if "sandbox" in sections \
-        else Policy()
+        else _UNBOXED
     trusted = "trusted" in sections and _trusted(sections["trusted"], problems, where)
     if mcp:
         command, tools = _mcp_sections(sections, problems, where)
@@ -475,6 +466,8 @@ def read_skill(path: str, name: str, source: str, lazy: bool, real: Path | None)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):      # said as open() says it
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(f"not a regular file: {path}")
             # Up to SKILL_FILE_MAX + 1 bytes or the end of the file (its size says how much to ask for first).
