@@ -470,9 +470,10 @@ def read_skill(path: str, name: str, source: str, lazy: bool, real: Path | None)
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(f"not a regular file: {path}")
-            # Up to SKILL_FILE_MAX + 1 bytes or the end of the file (its size says how much to ask for first).
+            # Up to SKILL_FILE_MAX + 1 bytes or the end of the file: its size says how much to ask for; a file
+            # that gave more than that has grown, and is read on (a short read of a regular file is its end).
             data = os.read(fd, min(st.st_size, SKILL_FILE_MAX) + 1)
-            while len(data) <= SKILL_FILE_MAX and (more := os.read(fd, SKILL_FILE_MAX + 1 - len(data))):
+            while st.st_size < len(data) <= SKILL_FILE_MAX and (more := os.read(fd, SKILL_FILE_MAX + 1 - len(data))):
                 data += more
         finally:
             os.close(fd)
