@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .changes import Change, Changes
 from .errors import SkillError
-from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
+from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX, SKILL_CACHE_BATCH
 from .sandbox import Policy, for_config, refusal
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, lazy_validator, read_skill
 
@@ -255,20 +255,25 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
 def _write_cache(file: Path, entries: dict) -> None:
     """Cache every parse outcome by its file's stat signature (written whole, then renamed into place):
     path -> [signature, spec] for a skill, [signature, null, problems] for one that did not load."""
-    out = {}
+    out = []
     for path, (signature, outcome) in entries.items():
         if isinstance(outcome, McpServer):        # parsed again each time: its tools are cached apart
             continue
         if isinstance(outcome, SkillError):
-            out[path] = [signature, None, outcome.problems]
+            out.append((path, [signature, None, outcome.problems]))
         else:
-            out[path] = [signature, [*_cached_values(outcome), outcome.env, str(outcome.directory),
-                                     outcome.sandbox.lines()]]
+            out.append((path, [signature, [*_cached_values(outcome), outcome.env, str(outcome.directory),
+                                           outcome.sandbox.lines()]]))
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         temporary = file.with_name(f".{file.name}.{os.getpid()}")
-        # ASCII (non-ASCII escaped): half the memory of a string holding CJK, and no encoding to write it.
-        temporary.write_bytes(json.dumps({"version": CACHE_VERSION, "entries": out}, check_circular=False).encode("ascii"))
+        with open(temporary, "wb") as f:
+            f.write(b'{"version": %d, "entries": {' % CACHE_VERSION)
+            # In batches (thousands of specs as one text cost more in memory than in writing); ASCII: CJK escaped.
+            for start in range(0, len(out), SKILL_CACHE_BATCH):
+                batch = json.dumps(dict(out[start:start + SKILL_CACHE_BATCH]), check_circular=False)[1:-1]
+                f.write((", " + batch if start else batch).encode("ascii"))
+            f.write(b"}}")
         os.replace(temporary, file)
     except OSError as exc:
         log.debug("skill cache %s not written: %s", file, exc)
