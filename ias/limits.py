@@ -25,6 +25,7 @@ LEFTOVER_POLL = 0.002               # seconds between checks that a sandbox's pi
 ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS value is left out of the env
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
 SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
+SKILL_CACHE_BATCH = 200             # skills per JSON text when the listing's spec cache is written (bounds its memory)
 SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and /tmp each (tmpfs: memory, used only as filled)
 
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import os
 import re
 from collections.abc import Callable
@@ -19,9 +20,9 @@ from pathlib import Path
 
 from .changes import Change, Changes
 from .errors import SkillError
-from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX
+from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX, SKILL_CACHE_BATCH
 from .sandbox import Policy, for_config, refusal
-from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, lazy_validator, load_skill
+from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, lazy_validator, read_skill
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,11 @@ class Registry:
         self.generation = 0                  # bumped on every change of the loaded set
         self._roots = roots
         self._allow = frozenset(allow_risk_downgrade)
-        self._seen: dict[Path, tuple] = {}   # SKILL.md -> stat signature at its last parse
-        self._real: dict[Path, Path] = {}    # SKILL.md -> its directory resolved, where the last scan knew it
-        self._parsed: dict[Path, Skill | McpServer | SkillError] = {}
-        self._good: dict[Path, Skill | McpServer] = {}   # last version of each file that loaded
+        # Keyed by the SKILL.md's path as text (thousands of Path objects cost more than the parsing).
+        self._seen: dict[str, tuple] = {}    # SKILL.md -> stat signature at its last parse
+        self._dirs: dict[str, tuple[str, Path | None]] = {}   # SKILL.md -> its directory's name, root resolved
+        self._parsed: dict[str, Skill | McpServer | SkillError] = {}
+        self._good: dict[str, Skill | McpServer] = {}    # last version of each file that loaded
         self._reported: set[str] = set()
         self._unreported: list[str] = []
         self._sorted: list[Skill] | None = None
@@ -98,30 +100,30 @@ class Registry:
     def __len__(self) -> int:
         return len(self.skills)
 
-    def _scan(self) -> dict[Path, tuple]:
-        """Every SKILL.md directly under the roots, with its stat signature; no file is read. The resolved
-        directory of each skill that is no link is noted in `_real` (its root resolved once)."""
-        found: dict[Path, tuple] = {}
-        self._real = {}
+    def _scan(self) -> dict[str, tuple]:
+        """Every SKILL.md directly under the roots (its path as text), with its stat signature; no file is read.
+        Its directory's name, and its root resolved (once per root) unless the directory is a link, go to `_dirs`."""
+        found: dict[str, tuple] = {}
+        self._dirs = {}
         for root, source in self._roots:
             try:
                 entries = sorted(os.scandir(root), key=lambda e: e.name)
-                real_root = os.path.realpath(root)
+                real_root = Path(os.path.realpath(root))
             except OSError:
                 continue
             for entry in entries:
-                if entry.name.startswith("."):      # as glob("*/SKILL.md") did: hidden directories are not skills
+                name = entry.name
+                if name.startswith("."):      # as glob("*/SKILL.md") did: hidden directories are not skills
                     continue
-                path = Path(entry.path, "SKILL.md")
-                try:
-                    if not entry.is_symlink():
-                        self._real[path] = Path(real_root, entry.name)
-                except OSError:
-                    pass
+                path = entry.path + "/SKILL.md"
                 try:
                     st = os.stat(path)
                 except OSError:
                     continue
+                try:
+                    self._dirs[path] = (name, None if entry.is_symlink() else real_root)
+                except OSError:
+                    self._dirs[path] = (name, None)
                 found[path] = (source, st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
         return found
 
@@ -137,12 +139,14 @@ class Registry:
         fresh = False
         for path, signature in seen.items():
             if self._seen.get(path) != signature:
-                hit = cached.get(str(path))
+                hit = cached.get(path)
                 if hit is not None and hit[0] == signature:
                     self._parsed[path] = hit[1]
                     continue
+                name, real_root = self._dirs[path]
                 try:
-                    self._parsed[path] = load_skill(path.parent, signature[0], self._lazy, self._real.get(path))
+                    self._parsed[path] = read_skill(path, name, signature[0], self._lazy,
+                                                    real_root / name if real_root is not None else None)
                 except SkillError as exc:
                     self._parsed[path] = exc
                 fresh = fresh or not isinstance(self._parsed[path], McpServer)   # servers are not cached
@@ -220,9 +224,11 @@ class Registry:
         return lines
 
 
-CACHE_VERSION = 4       # 2: the ## Sandbox policy; 3: Skill.kind; 4: Skill.trusted
+CACHE_VERSION = 5       # 2: the ## Sandbox policy; 3: Skill.kind; 4: Skill.trusted; 5: a spec as a list
+# A cached spec: these fields of its Skill in this order, then env, directory and sandbox as JSON values.
 _CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
                   "parameters_line", "kind", "builtin", "trusted")
+_cached_values = operator.attrgetter(*_CACHED_FIELDS)
 
 
 def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
@@ -232,13 +238,14 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
         if data.get("version") != CACHE_VERSION:
             return {}
         out = {}
-        for path, (signature, spec) in data["entries"].items():
-            if isinstance(spec, list):
-                outcome = SkillError([str(p) for p in spec])
+        for path, (signature, spec, *problems) in data["entries"].items():
+            if spec is None:
+                outcome = SkillError([str(p) for p in problems[0]])
             else:
-                outcome = Skill(**{k: spec[k] for k in _CACHED_FIELDS}, env=tuple(spec["env"]),
-                                directory=Path(spec["directory"]), validator=lazy_validator(spec["parameters"]),
-                                sandbox=Policy.from_lines(spec["sandbox"]))
+                *values, env, directory, sandbox = spec
+                fields = dict(zip(_CACHED_FIELDS, values, strict=True))
+                outcome = Skill(**fields, env=tuple(env), directory=Path(directory),
+                                validator=lazy_validator(fields["parameters"]), sandbox=Policy.from_lines(sandbox))
             out[path] = (tuple(signature), outcome)
         return out
     except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
@@ -246,22 +253,27 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
 
 
 def _write_cache(file: Path, entries: dict) -> None:
-    """Cache every parse outcome by its file's stat signature (written whole, then renamed into place)."""
-    out = {}
+    """Cache every parse outcome by its file's stat signature (written whole, then renamed into place):
+    path -> [signature, spec] for a skill, [signature, null, problems] for one that did not load."""
+    out = []
     for path, (signature, outcome) in entries.items():
         if isinstance(outcome, McpServer):        # parsed again each time: its tools are cached apart
             continue
         if isinstance(outcome, SkillError):
-            spec = list(outcome.problems)
+            out.append((path, [signature, None, outcome.problems]))
         else:
-            spec = {k: getattr(outcome, k) for k in _CACHED_FIELDS}
-            spec.update(env=list(outcome.env), directory=str(outcome.directory), sandbox=outcome.sandbox.lines())
-        out[str(path)] = [list(signature), spec]
+            out.append((path, [signature, [*_cached_values(outcome), outcome.env, str(outcome.directory),
+                                           outcome.sandbox.lines()]]))
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         temporary = file.with_name(f".{file.name}.{os.getpid()}")
-        temporary.write_text(json.dumps({"version": CACHE_VERSION, "entries": out}, ensure_ascii=False),
-                             encoding="utf-8")
+        with open(temporary, "wb") as f:
+            f.write(b'{"version": %d, "entries": {' % CACHE_VERSION)
+            # In batches (thousands of specs as one text cost more in memory than in writing); ASCII: CJK escaped.
+            for start in range(0, len(out), SKILL_CACHE_BATCH):
+                batch = json.dumps(dict(out[start:start + SKILL_CACHE_BATCH]), check_circular=False)[1:-1]
+                f.write((", " + batch if start else batch).encode("ascii"))
+            f.write(b"}}")
         os.replace(temporary, file)
     except OSError as exc:
         log.debug("skill cache %s not written: %s", file, exc)

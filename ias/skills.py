@@ -3,6 +3,7 @@
 The set of loaded skills, its reload and caches live in registry.py."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -87,6 +88,7 @@ class McpServer:
         return self.directory / "SKILL.md"
 
 
+_UNBOXED = Policy()                     # no `## Sandbox`: the default sandbox (one shared, it is frozen)
 KINDS = ("script", "builtin", "mcp")     # how a skill runs; the gate has one executor for each
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -112,11 +114,16 @@ EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how t
 BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find", "memory.remember", "memory.recall",
                            "memory.forget"})
 RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
-# CommonMark: up to 3 spaces of indent; ATX headings need a space or tab (or nothing) after
-# the #s; a backtick fence's info string has no backtick; a closing fence has no info string.
-HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]|$)")
-FENCE_RE = re.compile(r"^( {0,3})(`{3,}(?=[^`]*$)|~{3,})[ \t]*(\S*)")
-CLOSE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
+# The structure of a SKILL.md, after a "\n" (each line is preceded by one; a token ends before the next):
+# an ATX heading (CommonMark: up to 3 spaces of indent, a space or tab or nothing after the #s), or a fenced
+# code block whole, through its closing line or, unclosed, to the end (a backtick fence's info string has no
+# backtick; the closing fence, of the same character and at least as long, has no info string).
+TOKEN_RE = re.compile(r"""\n(?:
+    [ ]{0,3}(\#{1,6})(?:[ \t]([^\n]*))?(?![^\n])                          # 1: the #s, 2: the rest
+  | ([ ]{0,3})(`{3,}(?=[^`\n]*(?![^\n]))|~{3,})[ \t]*(\S*)[^\n]*     # 3: indent, 4: fence, 5: info string
+    ((?:\n[^\n]*)*?)                                                    # 6: the content lines, each after a \n
+    (?:\n[ ]{0,3}\4(?:(?<=`)`*|(?<=~)~*)[ \t]*(?![^\n]) | (\Z))         # the closing line, or 7: the end
+)""", re.VERBOSE)
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
@@ -131,65 +138,63 @@ class _Block:
 class _Section:
     heading: str
     line: int
-    lines: list[tuple[int, str]]     # (line number, text) outside code fences
+    prose: list[tuple[int, str]]     # its lines outside code fences: (number of the first, "\n" + the lines joined)
     blocks: list[_Block]
 
 
-def _split(text: str) -> tuple[str, list[tuple[int, str]], dict[str, _Section], list[str]]:
-    """Split SKILL.md into title, preamble lines and `##` sections, ignoring headings inside code fences."""
+def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
+    """Split SKILL.md into title, preamble (the text before the first `##`) and `##` sections, ignoring
+    headings inside code fences. One regex finds the headings and the fenced blocks (a few in a file); the
+    prose between them is kept whole."""
+    # Lines end at "\n" only (str.splitlines() would also split at \f, \v, \x85, U+2028...), and lose one "\r".
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+        if text.endswith("\r"):
+            text = text[:-1]
+    text = "\n" + text
     title = ""
     preamble: list[tuple[int, str]] = []
+    prose = preamble                 # (line number, "\n" + lines): the preamble's, then the current section's
     sections: dict[str, _Section] = {}
     duplicates: list[str] = []
     current: _Section | None = None
-    fence: tuple[str, int, str, int, list[str]] | None = None   # (marker, indent, lang, first line, lines)
-    # Lines end at "\n" only: str.splitlines() would also split at \f, \v, \x85, U+2028...
-    lines = text.split("\n")
-    if "\r" in text:
-        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    for number, line in enumerate(lines, 1):
-        if fence is not None:
-            marker, indent, lang, first, body = fence
-            lead = line[:1]
-            if lead == " ":
-                lead = line.lstrip(" ")[:1]
-            close = CLOSE_RE.match(line) if lead == marker[0] else None
-            if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
-                if current is not None:
-                    current.blocks.append(_Block(lang, "\n".join(body), first))
-                fence = None
-            else:
-                # Content lines lose up to the opening fence's indent (CommonMark).
-                body.append(line[min(indent, len(line) - len(line.lstrip(" "))):] if indent else line)
+    end = last = 0                   # where the last token ended, and the number of its last line
+    for token in TOKEN_RE.finditer(text):
+        start = token.start()
+        number = last + 1 + text.count("\n", end, start)      # of the token's first line
+        if start > end:
+            prose.append((last + 1, text[end:start]))
+        end = token.end()
+        last = number + text.count("\n", start + 1, end)
+        hashes, rest, indent, marker, lang, body, unclosed = token.groups()
+        if marker is not None:
+            if unclosed is not None:
+                duplicates.append(f"{number}: unclosed code fence")
+            elif current is not None:
+                if indent:       # content lines lose up to the opening fence's indent (CommonMark)
+                    body = "\n".join([b[min(len(indent), len(b) - len(b.lstrip(" "))):] for b in body.split("\n")])
+                current.blocks.append(_Block(lang.lower(), body[1:], number + 1))
             continue
-        lead = line[:1] if line[:1] != " " else line.lstrip(" ")[:1]   # prose skips the expressions
-        level, heading = 0, ""
-        if lead == "`" or lead == "~":
-            match = FENCE_RE.match(line)
-            if match:
-                fence = (match.group(2), len(match.group(1)), match.group(3).lower(), number + 1, [])
-                continue
-        elif lead == "#":
-            heading_match = HEADING_RE.match(line)
-            if heading_match:
-                level, heading = len(heading_match.group(1)), _heading_text(line[heading_match.end():])
+        level = len(hashes)
+        heading = ""
+        if level == 2 or (level == 1 and current is None and not title):
+            heading = rest.strip(" \t") if rest else ""
+            if heading[-1:] == "#":           # a closing run of #s, perhaps
+                heading = _heading_text(rest)
         if level == 2:
-            key = SECTION_ALIASES.get(heading.lower(), "other:" + heading.lower())
-            if key in sections and not key.startswith("other:"):
+            key = SECTION_ALIASES.get(heading.lower()) or "other:" + heading.lower()
+            if key in sections and key[:6] != "other:":
                 duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
             current = _Section(heading, number, [], [])
+            prose = current.prose
             sections.setdefault(key, current)
-            continue
-        if current is None:
-            if not title and level == 1 and heading:
-                title = heading
-            else:
-                preamble.append((number, line))
+        elif heading:
+            title = heading
         else:
-            current.lines.append((number, line))
-    if fence is not None:
-        duplicates.append(f"{fence[3] - 1}: unclosed code fence")
-    return title, preamble, sections, duplicates
+            prose.append((number, text[start:end]))
+    if end < len(text):
+        prose.append((last + 1, text[end:]))
+    return title, "".join([chunk for _, chunk in preamble]), sections, duplicates
 
 
 def _heading_text(rest: str) -> str:
@@ -209,10 +214,11 @@ def _clip(value: str, limit: int = 40) -> str:
 def _text(section: _Section) -> list[tuple[int, str]]:
     """The non-empty prose lines of a section, stripped of list markers and backticks."""
     out = []
-    for number, line in section.lines:
-        line = line.strip().lstrip("-*").strip().strip("`").strip()
-        if line and not line.startswith("<!--"):
-            out.append((number, line))
+    for first, chunk in section.prose:
+        for number, line in enumerate(chunk.split("\n")[1:], first):
+            line = line.strip().lstrip("-*").strip().strip("`").strip()
+            if line and not line.startswith("<!--"):
+                out.append((number, line))
     return out
 
 
@@ -231,19 +237,22 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
     `lazy`: the schema is checked now but its validator built at its first use (the `skills` listing, which
     validates nothing, skips half the work). `real`: the skill directory's resolved path when the caller
     knows it (a registry resolves its root once, not each of thousands of skills)."""
+    return _parse(str(path), path.parent.name, text, source, lazy, real)
+
+
+def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+    """parse_skill of the SKILL.md at `where` (a path as text) in the directory `name`."""
     from . import jsonschema as schema   # imported here so `skills` listing stays cheap when nothing is parsed
 
-    where = str(path)
     problems: list[str] = []
-    directory = path.parent
-    real = real or directory.resolve()
-    name = directory.name
+    real = real or Path(where).parent.resolve()
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
     title, preamble, sections, structural = _split(text.removeprefix("\ufeff"))   # a BOM is no text
-    problems.extend(f"{where}:{p}" for p in structural)
-    description = "\n".join(line for _, line in preamble).strip() or title
+    if structural:
+        problems.extend(f"{where}:{p}" for p in structural)
+    description = preamble.strip() or title
     if not description:
         problems.append(f"{where}:1: missing description (the text before the first ## heading)")
 
@@ -289,8 +298,9 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
                     problems.append(f"{where}:{block.line}: ## Parameters must be a JSON Schema with \"type\": \"object\"")
                 else:
                     try:
-                        # once per load; the gate uses it per call
-                        validator = lazy_validator(parameters, schema.check) if lazy else schema.compile(parameters)
+                        # once per load; the gate uses it per call (`loads` held the JSON to its limits)
+                        validator = lazy_validator(parameters, lambda p: schema.check(p, measured=True)) if lazy \
+                            else schema.compile(parameters)
                     except schema.SchemaError as exc:
                         problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
@@ -342,7 +352,7 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
                     env.append(item)
 
     policy = _sandbox_section(sections["sandbox"], risk, mcp, real, problems, where) if "sandbox" in sections \
-        else Policy()
+        else _UNBOXED
     trusted = "trusted" in sections and _trusted(sections["trusted"], problems, where)
     if mcp:
         command, tools = _mcp_sections(sections, problems, where)
@@ -427,16 +437,16 @@ def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tupl
 
 def lazy_validator(parameters: dict, check: Callable[[dict], list[str]] | None = None) -> Callable[[object], list[str]]:
     """The validator of `parameters`, compiled at its first use; `check` (e.g. jsonschema.check) is run now, and
-    its problems raised as SchemaError."""
-    from . import jsonschema as schema
-    problems = check(parameters) if check is not None else []
-    if problems:
+    its problems raised as SchemaError. The schema package is imported only when needed: a cached listing never is."""
+    if check is not None and (problems := check(parameters)):
+        from . import jsonschema as schema
         raise schema.SchemaError(problems)
     compiled: Callable[[object], list[str]] | None = None
 
     def validate(instance: object) -> list[str]:
         nonlocal compiled
         if compiled is None:
+            from . import jsonschema as schema
             compiled = schema.compile(parameters)
         return compiled(instance)
     return validate
@@ -446,12 +456,27 @@ def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: 
     """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is.
     `lazy`, `real`: see parse_skill."""
     path = Path(directory) / "SKILL.md"
+    return read_skill(str(path), path.parent.name, source, lazy, real)
+
+
+def read_skill(path: str, name: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+    """load_skill of the SKILL.md at `path` (as text, as a registry scans it) in the directory `name`."""
     try:
         # Opened without blocking and checked before reading: not a FIFO or device, which could block or never end.
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):      # said as open() says it
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError(f"not a regular file: {path}")
-            data = f.read(SKILL_FILE_MAX + 1)
+            # Up to SKILL_FILE_MAX + 1 bytes or the end of the file: its size says how much to ask for; a file
+            # that gave more than that has grown, and is read on (a short read of a regular file is its end).
+            data = os.read(fd, min(st.st_size, SKILL_FILE_MAX) + 1)
+            while st.st_size < len(data) <= SKILL_FILE_MAX and (more := os.read(fd, SKILL_FILE_MAX + 1 - len(data))):
+                data += more
+        finally:
+            os.close(fd)
         if len(data) > SKILL_FILE_MAX:
             raise SkillError([f"{path}:1: SKILL.md is larger than {SKILL_FILE_MAX // 1024} KiB"])
         text = data.decode("utf-8")
@@ -461,7 +486,7 @@ def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: 
     except OSError as exc:
         raise SkillError([f"{path}:1: cannot read: {exc}"]) from None
     try:
-        return parse_skill(path, text, source, lazy, real)
+        return _parse(path, name, text, source, lazy, real)
     except SkillError:
         raise
     except Exception as exc:  # noqa: BLE001 - one bad skill must never stop the others

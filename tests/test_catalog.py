@@ -239,7 +239,8 @@ class CommandsTest(unittest.TestCase):
         skillset.write(self.tmp / "skills")
         first = ias("skills", "--json", env=self.env)
         self.assertEqual(len(json.loads(first.stdout)), 1011)
-        self.assertTrue((self.tmp / "data" / "skills.cache.json").is_file())
+        cached = json.loads((self.tmp / "data" / "skills.cache.json").read_bytes())    # written in batches
+        self.assertEqual(len(cached["entries"]), 1011)
         again = ias("skills", "--json", env=self.env)
         self.assertEqual(again.stdout, first.stdout)
         skill = self.tmp / "skills" / "jinan_jobs" / "SKILL.md"

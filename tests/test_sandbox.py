@@ -237,7 +237,7 @@ class SandboxSectionTest(unittest.TestCase):
         second = load_registry(None, tmp / "skills", cache=tmp / "cache.json")
         self.assertEqual(second.get("probe_network").sandbox, Policy(network=True, read=("/srv/music",)))
         self.assertEqual({s.name: s.sandbox for s in first}, {s.name: s.sandbox for s in second})
-        self.assertIn('"sandbox": ["network", "read: /srv/music"]', (tmp / "cache.json").read_text())
+        self.assertIn('/probe_network", ["network", "read: /srv/music"]]', (tmp / "cache.json").read_text())
 
     def test_skills_listing_shows_each_sandbox(self):
         env = {**os.environ, "IAS_SKILLS_DIR": str(PROBES), "IAS_DATA_DIR": tempfile.mkdtemp(prefix="ias-sbx-")}

@@ -101,9 +101,10 @@ def _apply_defaults(instance: Any, schema: Any) -> Any:
 # check(): problems with the schema itself
 
 
-def check(schema: Any) -> list[str]:
-    """Return the problems of a schema as `path: message` strings; empty means usable."""
-    return list(_problems(schema))
+def check(schema: Any, measured: bool = False) -> list[str]:
+    """Return the problems of a schema as `path: message` strings; empty means usable. `measured`: the schema
+    is what `loads` returned, so it was held to the depth and number limits already (not measured again)."""
+    return list(_problems(schema, measured))
 
 
 class _Problems(list):
@@ -116,9 +117,9 @@ class _Problems(list):
         self.compiled: dict = {}
 
 
-def _problems(schema: Any) -> _Problems:
+def _problems(schema: Any, measured: bool = False) -> _Problems:
     out = _Problems()
-    too_much = hostile(schema)
+    too_much = None if measured else hostile(schema)
     if too_much is not None:
         out.append(f"$: {too_much}")
     else:
@@ -147,8 +148,32 @@ def _check(schema: Any, path: str, out: _Problems) -> None:
             b = schema.get(high)
             if _is_number(a) and _is_number(b) and a > b:
                 out.append(f"{path}: {low} {render(a)} is greater than {high} {render(b)}")
-    if "default" in schema and len(out) == start:
+    if "default" in schema and len(out) == start and not _plainly_valid(schema, schema["default"]):
         _validator.node_of(schema, out.compiled)(schema["default"], path + ".default", "", out)
+
+
+# The keywords _plainly_valid decides, and the Python types of the values it decides for each `type`.
+_PLAIN_KEYWORDS = frozenset({"type", "enum", "minLength", "maxLength", "minimum", "maximum", "default",
+                             "description", "title", "examples"})
+_PLAIN_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),)}
+
+
+def _plainly_valid(schema: dict, value: Any) -> bool:
+    """Whether `value` (a default) passes a checked schema of one scalar `type` with at most an enum of strings,
+    a length or bounds — decided without compiling the schema (thousands of skills each have some). False
+    when not sure: then the compiled node decides, and words the errors."""
+    expected = schema.get("type")
+    if type(expected) is not str or not schema.keys() <= _PLAIN_KEYWORDS or type(value) not in _PLAIN_TYPES.get(expected, ()):
+        return False
+    if type(value) is str:
+        return ("minimum" not in schema and "maximum" not in schema
+                and ("enum" not in schema or value in schema["enum"]) and schema.get("minLength", 0) <= len(value)
+                and ("maxLength" not in schema or len(value) <= schema["maxLength"]))
+    if "enum" in schema or "minLength" in schema or "maxLength" in schema:
+        return False
+    if type(value) is bool or value is None:
+        return "minimum" not in schema and "maximum" not in schema
+    return schema.get("minimum", value) <= value <= schema.get("maximum", value)
 
 
 def _ck_type(value: Any, path: str, key: str, out: list[str]) -> None:
