@@ -14,7 +14,6 @@ are decoded with replacement characters, as the console decodes its input.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import os
@@ -242,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(command) -> int:
     """Run a command's coroutine, its modules loaded: the garbage collector back on (see `run`)."""
+    import asyncio                      # here: `skills` never needs it (~35 ms of a listing)
     started()
     return asyncio.run(command)
 

@@ -8,7 +8,6 @@ reporting of errors (`cli`).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from dataclasses import asdict
@@ -20,7 +19,7 @@ def cmd_skills(config, args) -> int:
     from .registry import registry
     reg = registry(config, cached=args.action is None)
     if args.action == "check":
-        mcp_problems = asyncio.run(_check_servers(config, reg)) if reg.servers else []
+        mcp_problems = _servers_checked(config, reg) if reg.servers else []
         for line in (*reg.problems, *(f"{w} (warning)" for w in reg.warnings), *mcp_problems):
             print(line)
         too_many = over_one_request(config, reg)
@@ -88,10 +87,11 @@ async def server_checks(config, reg) -> list[tuple]:
     return found
 
 
-async def _check_servers(config, reg) -> list[str]:
+def _servers_checked(config, reg) -> list[str]:
     """`skills check`: each server's tools on stderr; its problems returned."""
+    import asyncio                      # only with MCP servers to start: a listing never needs it
     lines = []
-    for spec, tools, problems in await server_checks(config, reg):
+    for spec, tools, problems in asyncio.run(server_checks(config, reg)):
         if tools or not problems:
             print(f"{spec.path}:{spec.line}: mcp server {spec.name}: {len(tools)} tools: {', '.join(tools) or '-'}",
                   file=sys.stderr)
@@ -232,13 +232,14 @@ async def cmd_tasks(config, args) -> int:
 
 
 async def cmd_wechat(config, action: str) -> int:
+    from asyncio import to_thread
     from .app import open_store
     from .channels.wechat.ilink import DEFAULT_BASE_URL
     from .channels.wechat.login import login, logout, status
     async with open_store(config) as store:
         if action == "login":
             await login(store, config.wechat_base_url or DEFAULT_BASE_URL, out=print,      # its last line says done
-                        ask=lambda prompt: asyncio.to_thread(input, prompt))
+                        ask=lambda prompt: to_thread(input, prompt))
         elif action == "logout":
             await logout(store)
             print("已退出微信登录（本机保存的登录信息已删除）。")
