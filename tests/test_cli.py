@@ -330,8 +330,10 @@ class StartUpTest(unittest.TestCase):
     frozen when the command's coroutine runs; `main` called with it on (a test's process) changes nothing."""
 
     def test_the_collector_is_on_again_when_the_command_runs(self):
+        data_dir = tempfile.mkdtemp(prefix="ias-gc-")
+        self.addCleanup(shutil.rmtree, data_dir, True)
         done = subprocess.run([sys.executable, "-c", COLLECTOR], cwd=REPO, capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "IAS_DATA_DIR": tempfile.mkdtemp(prefix="ias-gc-")})
+                              timeout=60, env={**os.environ, "IAS_DATA_DIR": data_dir})
         self.assertEqual((done.returncode, done.stdout), (0, "0 [[True, True]]\n"), done.stderr)
 
     def test_a_process_whose_collector_is_on_is_left_as_it_is(self):
