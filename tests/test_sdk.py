@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -26,6 +27,7 @@ class DeferredPackageTest(unittest.TestCase):
 
     def setUp(self):
         root = Path(tempfile.mkdtemp(prefix="ias-sdk-"))
+        self.addCleanup(shutil.rmtree, root, True)
         self.addCleanup(lambda: [sys.modules.pop(n) for n in list(sys.modules) if n.startswith("deferme")])
         self.addCleanup(sys.path.remove, str(root))
         sys.path.insert(0, str(root))
