@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("backup", "restore"):
             from .backup import cmd_backup, cmd_restore
             return _run(cmd_backup(config, args.file) if args.command == "backup"
-                               else cmd_restore(config, args.file))
+                        else cmd_restore(config, args.file))
         if args.command == "skills":
             return cmd_skills(config, args)
         if args.command in ("run", None):

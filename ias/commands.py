@@ -50,9 +50,10 @@ def cmd_skills(config, args) -> int:
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
     else:       # one write: thousands of print calls cost more than the formatting
-        print("\n".join([f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  {'MCP SERVER':<12}  SANDBOX",
-                         *(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  "
-                           f"{'yes' if r['overrides'] else '':<9}  {r.get('server', ''):<12}  {r['sandbox']}" for r in rows)]))
+        header = f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  {'MCP SERVER':<12}  SANDBOX"
+        print("\n".join([header, *(f"{r['name']:<24} {r['source']:<7} {r['risk']:<5} {r['timeout']:>6g}s  "
+                                    f"{'yes' if r['overrides'] else '':<9}  {r.get('server', ''):<12}  {r['sandbox']}"
+                                    for r in rows)]))
     listed = {s.mcp.server for s in reg if s.mcp is not None}
     for name in sorted(set(reg.servers) - listed):
         print(f"mcp server {name}: tools not listed yet (run `ias skills check`)", file=sys.stderr)

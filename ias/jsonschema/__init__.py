@@ -163,7 +163,8 @@ def _plainly_valid(schema: dict, value: Any) -> bool:
     a length or bounds — decided without compiling the schema (thousands of skills each have some). False
     when not sure: then the compiled node decides, and words the errors."""
     expected = schema.get("type")
-    if type(expected) is not str or not schema.keys() <= _PLAIN_KEYWORDS or type(value) not in _PLAIN_TYPES.get(expected, ()):
+    if (type(expected) is not str or not schema.keys() <= _PLAIN_KEYWORDS
+            or type(value) not in _PLAIN_TYPES.get(expected, ())):
         return False
     if type(value) is str:
         return ("minimum" not in schema and "maximum" not in schema
