@@ -44,7 +44,7 @@ from .inbox import Attachment, Inbox
 from .catalog import Catalog
 from .memory import Memory, taint_from_history, turn as memory_turn
 from .registry import Registry
-from .slash import Slash
+from .slash import Slash, is_command
 from .store import AuditEntry, Store
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Agent:
         apply, and a grant approved in it is bound to it)."""
         text = text.strip()
         self.registry.reload()          # a stat scan; parses only what changed
-        if text.startswith("/") and not files:
+        if is_command(text) and not files:
             return await self.slash.answer(user_id, text, notify)
         if self.llm is None:
             return NO_LLM
@@ -157,9 +157,9 @@ class Agent:
     async def stopped(self, user_id: str, text: str, reply: str) -> None:
         """A turn the owner's stop word ended: a message for the model stored with `reply`, so the next turn
         knows (a /command, or a turn without a model, stores nothing, as it would not have)."""
-        text = text.strip()
-        if text.startswith("/") or self.llm is None:
+        if is_command(text) or self.llm is None:
             return
+        text = text.strip()
         await self._keep(user_id, [{"role": "user", "content": text}, {"role": "assistant", "content": reply}])
 
     async def _keep(self, user_id: str, new: list[dict]) -> None:

@@ -18,6 +18,7 @@ from .channels.console import ConsoleChannel
 from .config import Config
 from .limits import SHUTDOWN_GRACE, WECHAT_FIRST_POLL_WAIT
 from .pgcluster import Cluster
+from .slash import is_command
 from .supervisor import RECORDS
 
 
@@ -86,7 +87,7 @@ async def run_once(config: Config, text: str, cluster: Cluster | None = None) ->
             llm.warm()
         async with open_store(config, cluster) as store:
             c = build(config, store, llm=llm)
-            if llm is None and not text.strip().startswith("/"):
+            if llm is None and not is_command(text):
                 print(NO_LLM, file=sys.stderr)
                 return 1
             try:
@@ -100,7 +101,7 @@ async def run_once(config: Config, text: str, cluster: Cluster | None = None) ->
 
 def asks_model(config: Config, text: str) -> bool:
     """Whether a `--once` of `text` is sure to ask the model: an API key is set and it is not a /command."""
-    return bool(config.openai_api_key) and not text.strip().startswith("/")
+    return bool(config.openai_api_key) and not is_command(text)
 
 
 async def finish(c: App) -> None:

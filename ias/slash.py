@@ -49,6 +49,11 @@ _NUMBER = re.compile(r"#?([1-9][0-9]{0,17})")
 NO_GRANTS = "此处不支持授权。"
 
 
+def is_command(text: str) -> bool:
+    """Whether a message is one of the owner's /commands (answered here, never by the model)."""
+    return text.strip().startswith("/")
+
+
 class Slash:
     """Answers the owner's /commands over the objects they need."""
 
