@@ -6,18 +6,24 @@ checkout's venv when that one can be run; else it goes on, and a command that ne
 one line to run `make` first (`cli`). The cyclic garbage collector is off while iAs starts (see
 `cli.run`)."""
 import gc
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
+
+def _missing() -> bool:
+    """Whether this interpreter lacks iAs's dependencies (not imported: `skills` needs neither)."""
+    import importlib.util
+    return not all(importlib.util.find_spec(name) for name in ("psycopg", "openai"))
+
+
 if __name__ == "__main__":
     gc.disable()
-    if not all(importlib.util.find_spec(name) for name in ("psycopg", "openai")):
-        venv = Path(__file__).resolve().parent / ".venv"
-        python = venv / "bin" / "python"
-        # Never twice: a venv whose install failed lacks them too.
-        if os.access(python, os.X_OK) and Path(sys.executable) != python and Path(sys.prefix).resolve() != venv:
-            os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    venv = Path(__file__).resolve().parent / ".venv"
+    python = venv / "bin" / "python"
+    # Never twice: a venv whose install failed lacks them too. Run by that venv (the usual case), nothing is looked up.
+    if Path(sys.executable) != python and Path(sys.prefix).resolve() != venv and os.access(python, os.X_OK) \
+            and _missing():
+        os.execv(python, [str(python), __file__, *sys.argv[1:]])
     from ias.cli import run
     run()

@@ -22,10 +22,8 @@ import sys
 from . import config as config_module, datadir, version
 from .commands import (cmd_approvals, cmd_audit, cmd_audit_prune, cmd_outbox, cmd_run, cmd_skills, cmd_tasks,
                        cmd_wechat)
-from .doctor import cmd_doctor
 from .errors import IasError
-from .limits import CLI_NUMBER_MAX
-from .service import DEFAULT_DATA_DIR, DEFAULT_USER
+from .limits import CLI_NUMBER_MAX, SERVICE_DATA_DIR, SERVICE_USER
 
 log = logging.getLogger("ias")
 
@@ -81,6 +79,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Presets:
+    """`setup --provider`'s choices, the names of `setup.PRESETS`, read only when argparse checks a value or prints
+    the help: every command builds the parser, and importing `setup` is ~3 ms of an `ias skills`."""
+
+    def __iter__(self):
+        from .setup import PRESETS
+        return iter([p.name for p in PRESETS])
+
+    def __contains__(self, name) -> bool:
+        return name in list(self)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ias", description="iAs: a self-hosted personal assistant daemon")
     parser.add_argument("--version", action=_Version)
@@ -133,11 +143,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="check configuration, database, LLM endpoint, channels and skills")
 
-    from .setup import PRESETS
     setup = sub.add_parser("setup", help="first run: LLM provider, key and model (tested), written to the env file "
                                          "$IAS_DATA_DIR/ias.env; then an optional WeChat login")
-    setup.add_argument("--provider", choices=[p.name for p in PRESETS],
-                       help="no questions: this preset, the key from OPENAI_API_KEY (for scripts)")
+    provider = setup.add_argument("--provider", help="no questions: this preset, the key from OPENAI_API_KEY (for "
+                                                     "scripts)")
+    provider.choices = _Presets()       # set after add_argument, whose metavar check would read them at once
     setup.add_argument("--model", type=_text, help="the chat model (default: the preset's)")
     setup.add_argument("--base-url", type=_text, help="the endpoint (default: the preset's; needed for `other`)")
 
@@ -155,10 +165,10 @@ def _parser() -> argparse.ArgumentParser:
 
     service = sub.add_parser("service", help="`service install`: run iAs from this checkout as a systemd service")
     service.add_argument("action", choices=["install"])
-    service.add_argument("--user", default=DEFAULT_USER, type=_text, help=f"the service's system user "
-                                                                          f"(default {DEFAULT_USER})")
-    service.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), type=_text, metavar="DIR",
-                         help=f"its data directory (default {DEFAULT_DATA_DIR})")
+    service.add_argument("--user", default=SERVICE_USER, type=_text, help=f"the service's system user "
+                                                                          f"(default {SERVICE_USER})")
+    service.add_argument("--data-dir", default=SERVICE_DATA_DIR, type=_text, metavar="DIR",
+                         help=f"its data directory (default {SERVICE_DATA_DIR})")
     service.add_argument("--print", action="store_true", help="only print the unit")
     return parser
 
@@ -204,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "wechat":
             return _run(cmd_wechat(config, args.action))
         if args.command == "doctor":
+            from .doctor import cmd_doctor
             return _run(cmd_doctor(config))
         if args.command == "setup":
             from .setup import run_setup

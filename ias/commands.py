@@ -12,8 +12,6 @@ import json
 import sys
 from dataclasses import asdict
 
-from .clock import stamp
-
 
 def cmd_skills(config, args) -> int:
     from .registry import registry
@@ -122,6 +120,7 @@ async def cmd_run(config, name: str, params_text: str, cluster=None) -> int:
 
 
 async def cmd_approvals(config, include_closed: bool) -> int:
+    from .clock import stamp            # here, as in the other listings: `skills` needs no time zone
     return await _listing(config, lambda store: store.approvals(include_closed),
                           "no approvals" if include_closed else "no pending approvals",
                           lambda row: f"{stamp(row.created_at)}  {row.status:<8}  "
@@ -129,6 +128,8 @@ async def cmd_approvals(config, include_closed: bool) -> int:
 
 
 async def cmd_outbox(config, include_done: bool) -> int:
+    from .clock import stamp
+
     def line(row) -> str:
         preview = " ".join(row.text.split())
         preview = preview[:40] + ("…" if len(preview) > 40 else "")
@@ -185,6 +186,7 @@ async def cmd_audit_prune(config, before) -> int:
 
 async def cmd_tasks(config, args) -> int:
     from .app import open_store, resolve_owner
+    from .clock import stamp
     from .handlers import task_json as _task_json, upcoming
     from .scheduler import TaskError, add_task, remove_task, set_enabled, update_task
 

@@ -5,7 +5,6 @@ The data directory itself comes from the real environment or ias.toml, never fro
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -300,6 +299,7 @@ def skill_lib(name: str) -> ModuleType:
     there, as a sandboxed skill reaches nothing else of the repository. Loaded as the package
     `ias_skill` (the same module a skill imports), without putting resources/lib on sys.path."""
     if "ias_skill" not in sys.modules:
+        import importlib.util           # here: most commands send no mail
         init = SKILL_LIB / "ias_skill" / "__init__.py"
         spec = importlib.util.spec_from_file_location("ias_skill", init, submodule_search_locations=[str(init.parent)])
         package = importlib.util.module_from_spec(spec)

@@ -1,6 +1,6 @@
 """Which data directory a command uses, and whether this process may use it (SPEC §11).
 
-Run from a checkout that `ias service install` installed (the unit at service.UNIT_PATH names this
+Run from a checkout that `ias service install` installed (the unit at UNIT_PATH names this
 checkout's ias.py in ExecStart) with the data directory left at its default (no IAS_DATA_DIR, no
 data_dir in ias.toml), a command uses the service's data directory (the unit's
 `Environment=IAS_DATA_DIR=…`) instead of making a second, empty database in ./var. Root acting on a
@@ -20,19 +20,20 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from . import config as config_module, service
+from . import config as config_module
 from .config import REPO_ROOT, Config, absolute
 from .errors import ConfigError
-from .pgcluster.binaries import unreachable
 
 log = logging.getLogger(__name__)
 
 DEFAULT = "var"                         # Config's default data directory, relative to the working directory
+# Where `service install` writes the unit, and where every command looks for it (here, not in `service`: every
+# command reads it, and `service` imports what only an installation needs).
+UNIT_PATH = Path("/etc/systemd/system/ias.service")
 
 
 def service_data_dir(unit_path: Path, repo: Path = REPO_ROOT) -> Path | None:
@@ -56,10 +57,10 @@ def service_data_dir(unit_path: Path, repo: Path = REPO_ROOT) -> Path | None:
 def locate(config: Config, path: str | None, environ: Mapping[str, str] = os.environ,
            unit_path: Path | None = None) -> Config:
     """`config`, or, when its data directory is the default and this checkout is installed as a service (the unit
-    at `unit_path`, by default service.UNIT_PATH), the config loaded again with the service's data directory."""
+    at `unit_path`, by default UNIT_PATH), the config loaded again with the service's data directory."""
     if environ.get("IAS_DATA_DIR", "").strip() or config.data_dir != absolute(DEFAULT):
         return config
-    unit_path = service.UNIT_PATH if unit_path is None else unit_path
+    unit_path = UNIT_PATH if unit_path is None else unit_path
     found = service_data_dir(unit_path, config.repo_root)
     if found is None:
         return config
@@ -82,7 +83,7 @@ def named(config_path: str | None, environ: Mapping[str, str] = os.environ,
         return absolute(given)
     if config_path or environ.get("IAS_CONFIG", "").strip() or Path("ias.toml").exists():
         return None
-    return service_data_dir(service.UNIT_PATH if unit_path is None else unit_path)
+    return service_data_dir(UNIT_PATH if unit_path is None else unit_path)
 
 
 def before_config(config_path: str | None) -> None:
@@ -140,6 +141,8 @@ def _name(uid: int) -> str:
 
 def become_owner(entry: pwd.struct_passwd, directory: Path) -> None:
     """Exec this very command again as `entry`'s user (its groups, the same environment and data directory)."""
+    import shutil
+    from .pgcluster.binaries import unreachable     # here: it imports the cluster's module, few commands need it
     script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] not in ("", "-c") else None
     setpriv = shutil.which("setpriv")
     groups = os.getgrouplist(entry.pw_name, entry.pw_gid)

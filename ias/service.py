@@ -1,8 +1,8 @@
 """`ias service install [--user NAME] [--data-dir DIR] [--print]`: iAs as a systemd service for this checkout.
 
 The unit is deploy/ias.service with its paths pointed at this checkout, the service's user and data
-directory filled in, and the env file `DIR/ias.env` named; the unit at UNIT_PATH is also how the
-admin commands find the service's data directory later (`datadir`). Installing (root): the system
+directory filled in, and the env file `DIR/ias.env` named; the unit at datadir.UNIT_PATH is also how
+the admin commands find the service's data directory later (`datadir`). Installing (root): the system
 user, the data directory (0700, the user's), what the service needs (bubblewrap through apt-get when
 missing; the `qr` extra, and the `pgserver` wheel when the system has no PostgreSQL server), the unit,
 `systemctl daemon-reload` and `enable --now`; then the next steps (WeChat login as that user, restart).
@@ -26,16 +26,14 @@ from pathlib import Path
 from typing import Callable
 
 from .config import ENV_FILE, REPO_ROOT, absolute
+from .datadir import UNIT_PATH
 from .errors import IasError
-from .limits import SERVICE_STEP_TIMEOUT
+from .limits import SERVICE_DATA_DIR, SERVICE_STEP_TIMEOUT, SERVICE_USER
 from .pgcluster import ClusterError
 from .pgcluster.binaries import find_bindir, unreachable
 
-UNIT_PATH = Path("/etc/systemd/system/ias.service")     # where `install` writes, and `datadir` reads
 TEMPLATE = REPO_ROOT / "deploy" / "ias.service"
 TEMPLATE_ROOT = "/opt/ias"                              # the checkout the template names
-DEFAULT_USER = "ias"
-DEFAULT_DATA_DIR = Path("/var/lib/ias")
 STATE_ROOT = Path("/var/lib")                           # a data directory here is the unit's StateDirectory=
 HIDDEN = (Path("/home"), Path("/root"), Path("/run/user"))   # ProtectHome=yes
 UNSAFE = set(" \t\n\"'\\%$;`")                          # quoting or specifiers in a unit file
@@ -62,7 +60,7 @@ class Service:
         return self.data_dir / ENV_FILE
 
 
-def service(user: str = DEFAULT_USER, data_dir: str | os.PathLike = DEFAULT_DATA_DIR,
+def service(user: str = SERVICE_USER, data_dir: str | os.PathLike = SERVICE_DATA_DIR,
             repo: Path = REPO_ROOT, lookup: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> Service:
     """The service for this checkout, its paths checked: absolute, plain, not hidden by ProtectHome; an existing
     user's primary group found."""

@@ -325,9 +325,32 @@ print(cli.main(["tasks", "list"]), seen)
 """
 
 
+# What `ias skills` never uses, each a cost paid by every listing if imported: the event loop, the SDKs, the database
+# side, the embedded cluster and the service installer (subprocess, secrets, hashlib …), `setup`'s presets, the clock's
+# time zone.
+NOT_FOR_A_LISTING = ("asyncio", "openai", "psycopg", "ias.app", "ias.store", "ias.pgcluster", "ias.service",
+                     "ias.setup", "ias.doctor", "ias.clock", "zoneinfo")
+LISTING = f"""
+import contextlib, io, sys
+from ias import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    code = cli.main(["skills"])
+print(code, *sorted(set({NOT_FOR_A_LISTING!r}) & set(sys.modules)))
+"""
+
+
 class StartUpTest(unittest.TestCase):
     """The cyclic collector, off while a command starts (`run` turns it off), is on again with the start's objects
-    frozen when the command's coroutine runs; `main` called with it on (a test's process) changes nothing."""
+    frozen when the command's coroutine runs; `main` called with it on (a test's process) changes nothing. A
+    listing imports only what it uses."""
+
+    def test_a_listing_imports_nothing_it_never_uses(self):
+        data_dir = tempfile.mkdtemp(prefix="ias-start-")
+        self.addCleanup(shutil.rmtree, data_dir, True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IAS_")}
+        done = subprocess.run([sys.executable, "-c", LISTING], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**env, "IAS_DATA_DIR": data_dir, "IAS_SKILLS_DIR": data_dir})
+        self.assertEqual((done.returncode, done.stdout), (0, "0\n"), done.stderr)
 
     def test_the_collector_is_on_again_when_the_command_runs(self):
         data_dir = tempfile.mkdtemp(prefix="ias-gc-")

@@ -68,7 +68,7 @@ class LocateTest(unittest.TestCase):
         self.unit.write_text(render(TEMPLATE.read_text(), service("ias", data_dir, REPO)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("IAS_")}
         keep_root_logging(self)
-        with mock.patch("ias.service.UNIT_PATH", self.unit), mock.patch.dict(os.environ, env, clear=True), \
+        with mock.patch("ias.datadir.UNIT_PATH", self.unit), mock.patch.dict(os.environ, env, clear=True), \
                 redirect_stdout(io.StringIO()) as out:
             self.assertEqual(cli.main(["skills", "--json"]), 0)
         self.assertTrue(json.loads(out.getvalue()))
