@@ -299,10 +299,10 @@ def skill_lib(name: str) -> ModuleType:
     there, as a sandboxed skill reaches nothing else of the repository. Loaded as the package
     `ias_skill` (the same module a skill imports), without putting resources/lib on sys.path."""
     if "ias_skill" not in sys.modules:
-        import importlib.util           # here: most commands send no mail
+        from importlib.util import module_from_spec, spec_from_file_location     # here: most commands send no mail
         init = SKILL_LIB / "ias_skill" / "__init__.py"
-        spec = importlib.util.spec_from_file_location("ias_skill", init, submodule_search_locations=[str(init.parent)])
-        package = importlib.util.module_from_spec(spec)
+        spec = spec_from_file_location("ias_skill", init, submodule_search_locations=[str(init.parent)])
+        package = module_from_spec(spec)
         sys.modules["ias_skill"] = package
         try:
             spec.loader.exec_module(package)
