@@ -8,11 +8,11 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
 
 from . import envfile
 from .errors import ConfigError
@@ -109,8 +109,8 @@ class Config:
     notify_webhook_token: str | None = None
     notify_webhook_body: str | None = None      # a JSON object template for the generic webhook
     daily_tokens: int | None = None         # model tokens per owner per Beijing day; None: no limit
-    smtp: Any = None                        # IAS_SMTP_*, checked: an ias_skill.smtp.Server, None without a host
-    imap: Any = None                        # IAS_IMAP_*, likewise
+    smtp: object = None                     # IAS_SMTP_*, checked: an ias_skill.smtp.Server, None without a host
+    imap: object = None                     # IAS_IMAP_*, likewise
     skills_dir: Path = REPO_ROOT / "skills"
     system_skills_dir: Path | None = REPO_ROOT / "resources" / "skills"
     allow_risk_downgrade: frozenset[str] = frozenset()

@@ -21,8 +21,8 @@ import logging
 import os
 import pwd
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from . import config as config_module
 from .config import REPO_ROOT, Config, absolute
