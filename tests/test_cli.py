@@ -1,6 +1,7 @@
 """`ias run`, `ias approvals` and `ias audit` as a user runs them: real processes, real PostgreSQL;
 and that the command-line modules build nothing themselves."""
 import ast
+import io
 import json
 import os
 import pty
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import time
 import unittest
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from tests.support import FIXTURES, REPO, drop_schema, fresh_schema_dsn, granted, slow
@@ -368,3 +370,21 @@ class StartUpTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ProviderChoiceTest(unittest.TestCase):
+    """`setup --provider` takes exactly setup's presets, though the parser reads them only when it needs them."""
+
+    def test_a_preset_is_taken_and_anything_else_is_a_usage_error_naming_them(self):
+        from ias import cli
+        from ias.setup import PRESETS
+        names = [p.name for p in PRESETS]
+        self.assertEqual(cli._parser().parse_args(["setup", "--provider", names[-1]]).provider, names[-1])
+        for argv, stream, code in ((["setup", "--provider", "nope"], redirect_stderr, 2),
+                                   (["setup", "--help"], redirect_stdout, 0)):
+            with self.subTest(argv=argv), stream(io.StringIO()) as out, self.assertRaises(SystemExit) as exited:
+                cli._parser().parse_args(argv)
+            self.assertEqual(exited.exception.code, code)
+            expected = (f"invalid choice: 'nope' (choose from {', '.join(map(repr, names))})" if code
+                        else f"--provider {{{','.join(names)}}}")
+            self.assertIn(expected, out.getvalue())
