@@ -8,7 +8,7 @@ facts out.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import logging
 import operator
@@ -388,6 +388,7 @@ class _Compiled:
 
 def _digest(tool: dict) -> str:
     """What a change of makes a tool High until the restart: its name, title, description, schema, annotations."""
+    import hashlib                      # here: only MCP tools are digested (~5 ms of every listing)
     said = [tool.get(key) for key in ("name", "title", "description", "annotations", "inputSchema")]
     return hashlib.sha256(json.dumps(said, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
                           .encode("utf-8", "surrogatepass")).hexdigest()
@@ -489,12 +490,9 @@ def load_problem(config):
     a `## Sandbox` path inside the data directory or the repository, or a user skill or MCP server on a host
     below the full level. The level is probed only when such a skill is there."""
     box = for_config(config)
+    refused_here = functools.cache(lambda: refusal(config, box))     # the same for every skill
 
     def problem(spec, source: str) -> str | None:
-        refused = box.refused(spec.sandbox)
-        if refused:
-            return refused
-        if source == "user" or isinstance(spec, McpServer):
-            return refusal(config, box)
-        return None
+        user = source == "user" or isinstance(spec, McpServer)
+        return box.refused(spec.sandbox) or (refused_here() if user else None)
     return problem

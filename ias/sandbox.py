@@ -55,6 +55,8 @@ class Policy:
 
     def lines(self) -> list[str]:
         """The permissions as `## Sandbox` lines (also the cache's form)."""
+        if not (self.network or self.read or self.write or self.unconfined):
+            return []                   # the default, most skills' (thousands are listed at once)
         return ((["unconfined"] if self.unconfined else []) + (["network"] if self.network else [])
                 + [f"read: {p}" for p in self.read] + [f"write: {p}" for p in self.write])
 

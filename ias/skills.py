@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import jsonschema as schema
 from .errors import SkillError
 from .limits import SKILL_FILE_MAX, SKILL_TIMEOUT_DEFAULT, SKILL_TIMEOUT_MAX
 from .sandbox import Policy, inside, parse_permission
@@ -109,7 +110,6 @@ SECTION_ALIASES = {
     "trusted": "trusted", "可信": "trusted",
 }
 REQUIRED_SECTIONS = ("risk", "parameters")
-EXECUTION_SECTIONS = ("execute", "builtin")     # exactly one of them says how the skill runs
 # The `## Builtin` vocabulary: the in-process handlers a SKILL.md may name (handlers.py implements each).
 BUILTIN_NAMES = frozenset({"tasks.list", "tasks.manage", "skills.find", "memory.remember", "memory.recall",
                            "memory.forget"})
@@ -213,6 +213,11 @@ def _clip(value: str, limit: int = 40) -> str:
 
 def _text(section: _Section) -> list[tuple[int, str]]:
     """The non-empty prose lines of a section, stripped of list markers and backticks."""
+    if len(section.prose) == 1:       # the common case, one plain line (`Low`, `30`, `yes`), told at once
+        first, chunk = section.prose[0]
+        value = chunk.strip()
+        if value and "\n" not in value and value[0] not in "-*`<" and value[-1] != "`":
+            return [(first + chunk.count("\n", 0, chunk.find(value)) - 1, value)]
     out = []
     for first, chunk in section.prose:
         for number, line in enumerate(chunk.split("\n")[1:], first):
@@ -223,7 +228,9 @@ def _text(section: _Section) -> list[tuple[int, str]]:
 
 
 def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], where: str) -> _Block | None:
-    blocks = [b for b in section.blocks if b.lang in langs]
+    blocks = section.blocks
+    if len(blocks) != 1 or blocks[0].lang not in langs:
+        blocks = [b for b in blocks if b.lang in langs]
     if len(blocks) != 1:
         what = "no" if not blocks else f"{len(blocks)}"
         problems.append(f"{where}:{section.line}: '## {section.heading}' needs exactly one ```{langs[0]} block, found {what}")
@@ -242,8 +249,6 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
 
 def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
     """parse_skill of the SKILL.md at `where` (a path as text) in the directory `name`."""
-    from . import jsonschema as schema   # imported here so `skills` listing stays cheap when nothing is parsed
-
     problems: list[str] = []
     real = real or Path(where).parent.resolve()
     if not NAME_RE.match(name):
@@ -266,11 +271,10 @@ def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path
         if key not in sections:
             heading = {"risk": "Risk Level", "parameters": "Parameters"}[key]
             problems.append(f"{where}:1: missing required section '## {heading}'")
-    kinds = [key for key in EXECUTION_SECTIONS if key in sections]
-    if not kinds and not mcp:
+    if "execute" not in sections and "builtin" not in sections and not mcp:
         problems.append(f"{where}:1: missing required section '## Execute'")
-    elif len(kinds) > 1:
-        problems.append(f"{where}:{sections[kinds[1]].line}: a skill has either '## Execute' or '## Builtin', not both")
+    elif "execute" in sections and "builtin" in sections:
+        problems.append(f"{where}:{sections['builtin'].line}: a skill has either '## Execute' or '## Builtin', not both")
 
     risk = "high"
     if "risk" in sections:
@@ -299,8 +303,12 @@ def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path
                 else:
                     try:
                         # once per load; the gate uses it per call (`loads` held the JSON to its limits)
-                        validator = lazy_validator(parameters, lambda p: schema.check(p, measured=True)) if lazy \
-                            else schema.compile(parameters)
+                        if not lazy:
+                            validator = schema.compile(parameters)
+                        elif checked := schema.check(parameters, measured=True):
+                            raise schema.SchemaError(checked)
+                        else:
+                            validator = lazy_validator(parameters)
                     except schema.SchemaError as exc:
                         problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
@@ -435,18 +443,13 @@ def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tupl
     return command, tools
 
 
-def lazy_validator(parameters: dict, check: Callable[[dict], list[str]] | None = None) -> Callable[[object], list[str]]:
-    """The validator of `parameters`, compiled at its first use; `check` (e.g. jsonschema.check) is run now, and
-    its problems raised as SchemaError. The schema package is imported only when needed: a cached listing never is."""
-    if check is not None and (problems := check(parameters)):
-        from . import jsonschema as schema
-        raise schema.SchemaError(problems)
+def lazy_validator(parameters: dict) -> Callable[[object], list[str]]:
+    """The validator of a checked schema `parameters`, compiled at its first use (a listing uses none)."""
     compiled: Callable[[object], list[str]] | None = None
 
     def validate(instance: object) -> list[str]:
         nonlocal compiled
         if compiled is None:
-            from . import jsonschema as schema
             compiled = schema.compile(parameters)
         return compiled(instance)
     return validate

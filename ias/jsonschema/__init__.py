@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable
+from collections.abc import Callable
 
 from . import validator as _validator
 from .values import LEAF_TYPES, TYPE_NAMES, hostile, kind, loads, render, segment, too_deep
@@ -51,7 +51,7 @@ class SchemaError(ValueError):
         self.problems = problems
 
 
-def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public name
+def compile(schema: object) -> Validator:  # noqa: A001 - the documented public name
     """Check the schema and return validator(instance) -> errors; raise SchemaError if invalid."""
     problems = _problems(schema)
     if problems:
@@ -59,7 +59,7 @@ def compile(schema: Any) -> Validator:  # noqa: A001 - the documented public nam
     return _validator.build(schema, problems.compiled)
 
 
-def validate(instance: Any, schema: Any) -> list[str]:
+def validate(instance: object, schema: object) -> list[str]:
     """Return the instance's errors as `path: message` strings; empty means valid.
 
     Raises SchemaError when the schema itself is invalid (see check()).
@@ -67,7 +67,7 @@ def validate(instance: Any, schema: Any) -> list[str]:
     return compile(schema)(instance)
 
 
-def apply_defaults(instance: Any, schema: Any) -> Any:
+def apply_defaults(instance: object, schema: object) -> object:
     """Return a deep copy of instance with absent object properties filled from their defaults.
 
     An instance nested too deep is returned as is, for the validator to refuse.
@@ -77,7 +77,7 @@ def apply_defaults(instance: Any, schema: Any) -> Any:
     return _apply_defaults(instance, schema)
 
 
-def _apply_defaults(instance: Any, schema: Any) -> Any:
+def _apply_defaults(instance: object, schema: object) -> object:
     if isinstance(instance, dict):
         if not isinstance(schema, dict):
             return copy.deepcopy(instance)
@@ -101,7 +101,7 @@ def _apply_defaults(instance: Any, schema: Any) -> Any:
 # check(): problems with the schema itself
 
 
-def check(schema: Any, measured: bool = False) -> list[str]:
+def check(schema: object, measured: bool = False) -> list[str]:
     """Return the problems of a schema as `path: message` strings; empty means usable. `measured`: the schema
     is what `loads` returned, so it was held to the depth and number limits already (not measured again)."""
     return list(_problems(schema, measured))
@@ -117,7 +117,7 @@ class _Problems(list):
         self.compiled: dict = {}
 
 
-def _problems(schema: Any, measured: bool = False) -> _Problems:
+def _problems(schema: object, measured: bool = False) -> _Problems:
     out = _Problems()
     too_much = None if measured else hostile(schema)
     if too_much is not None:
@@ -127,7 +127,7 @@ def _problems(schema: Any, measured: bool = False) -> _Problems:
     return out
 
 
-def _check(schema: Any, path: str, out: _Problems) -> None:
+def _check(schema: object, path: str, out: _Problems) -> None:
     """Append the problems of one (sub)schema at `path`."""
     if schema is True or schema is False:
         return
@@ -139,15 +139,18 @@ def _check(schema: Any, path: str, out: _Problems) -> None:
         checker = _CHECKERS.get(key)
         if checker is None:
             out.append(f"{path}: unsupported keyword {_q(key)}")
-        else:
+        elif checker is _ck_string:      # the commonest keywords, told apart here (thousands of skills have them)
+            if type(value) is not str:
+                _ck_string(value, path, key, out)
+        elif checker is not _ck_any:
             checker(value, path, key, out)
-    for low, high in (("minimum", "maximum"), ("minLength", "maxLength"),
-                      ("minItems", "maxItems")):
-        a = schema.get(low)
-        if a is not None:
-            b = schema.get(high)
-            if _is_number(a) and _is_number(b) and a > b:
-                out.append(f"{path}: {low} {render(a)} is greater than {high} {render(b)}")
+    if "minimum" in schema or "minLength" in schema or "minItems" in schema:
+        for low, high in (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems")):
+            a = schema.get(low)
+            if a is not None:
+                b = schema.get(high)
+                if _is_number(a) and _is_number(b) and a > b:
+                    out.append(f"{path}: {low} {render(a)} is greater than {high} {render(b)}")
     if "default" in schema and len(out) == start and not _plainly_valid(schema, schema["default"]):
         _validator.node_of(schema, out.compiled)(schema["default"], path + ".default", "", out)
 
@@ -158,7 +161,7 @@ _PLAIN_KEYWORDS = frozenset({"type", "enum", "minLength", "maxLength", "minimum"
 _PLAIN_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),)}
 
 
-def _plainly_valid(schema: dict, value: Any) -> bool:
+def _plainly_valid(schema: dict, value: object) -> bool:
     """Whether `value` (a default) passes a checked schema of one scalar `type` with at most an enum of strings,
     a length or bounds — decided without compiling the schema (thousands of skills each have some). False
     when not sure: then the compiled node decides, and words the errors."""
@@ -177,8 +180,10 @@ def _plainly_valid(schema: dict, value: Any) -> bool:
     return schema.get("minimum", value) <= value <= schema.get("maximum", value)
 
 
-def _ck_type(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_type(value: object, path: str, key: str, out: list[str]) -> None:
     """type: a known name or a non-empty list of distinct known names."""
+    if type(value) is str and value in TYPE_NAMES:     # the common case, decided at once
+        return
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         out.append(f"{path}.type: must be a type name or a non-empty list of type names")
@@ -191,7 +196,7 @@ def _ck_type(value: Any, path: str, key: str, out: list[str]) -> None:
         out.append(f"{path}.type: type names must not repeat")
 
 
-def _ck_properties(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_properties(value: object, path: str, key: str, out: list[str]) -> None:
     """properties: an object of schemas."""
     if not isinstance(value, dict):
         out.append(f"{path}.properties: must be an object mapping names to schemas, "
@@ -201,7 +206,7 @@ def _ck_properties(value: Any, path: str, key: str, out: list[str]) -> None:
         _check(sub, f"{path}.properties{segment(name)}", out)
 
 
-def _ck_string_list(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_string_list(value: object, path: str, key: str, out: list[str]) -> None:
     """required: a list of distinct strings."""
     if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
         out.append(f"{path}.{key}: must be a list of strings")
@@ -209,7 +214,7 @@ def _ck_string_list(value: Any, path: str, key: str, out: list[str]) -> None:
         out.append(f"{path}.{key}: names must not repeat")
 
 
-def _ck_subschema(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_subschema(value: object, path: str, key: str, out: list[str]) -> None:
     """additionalProperties, items, not: a schema."""
     if isinstance(value, list):
         out.append(f"{path}.{key}: must be a schema (object or boolean), got array"
@@ -218,7 +223,7 @@ def _ck_subschema(value: Any, path: str, key: str, out: list[str]) -> None:
     _check(value, f"{path}.{key}", out)
 
 
-def _ck_schema_list(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_schema_list(value: object, path: str, key: str, out: list[str]) -> None:
     """anyOf, oneOf, allOf: a non-empty list of schemas."""
     if not isinstance(value, list) or not value:
         out.append(f"{path}.{key}: must be a non-empty list of schemas")
@@ -227,7 +232,7 @@ def _ck_schema_list(value: Any, path: str, key: str, out: list[str]) -> None:
         _check(sub, f"{path}.{key}[{i}]", out)
 
 
-def _ck_enum(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_enum(value: object, path: str, key: str, out: list[str]) -> None:
     """enum: a non-empty list."""
     if not isinstance(value, list):
         out.append(f"{path}.enum: must be a list, got {kind(value)}")
@@ -235,23 +240,23 @@ def _ck_enum(value: Any, path: str, key: str, out: list[str]) -> None:
         out.append(f"{path}.enum: must not be empty")
 
 
-def _ck_list(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_list(value: object, path: str, key: str, out: list[str]) -> None:
     """examples: a list."""
     if not isinstance(value, list):
         out.append(f"{path}.{key}: must be a list, got {kind(value)}")
 
 
-def _ck_any(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_any(value: object, path: str, key: str, out: list[str]) -> None:
     """const and default take any value (default is checked against its schema later)."""
 
 
-def _ck_string(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_string(value: object, path: str, key: str, out: list[str]) -> None:
     """description, title, format: a string."""
     if not isinstance(value, str):
         out.append(f"{path}.{key}: must be a string, got {kind(value)}")
 
 
-def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_number(value: object, path: str, key: str, out: list[str]) -> None:
     """minimum, maximum and the exclusive bounds: a finite number."""
     if not _is_number(value):
         out.append(f"{path}.{key}: must be a number, got {kind(value)}")
@@ -259,27 +264,27 @@ def _ck_number(value: Any, path: str, key: str, out: list[str]) -> None:
         out.append(f"{path}.{key}: must be a finite number")
 
 
-def _ck_positive(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_positive(value: object, path: str, key: str, out: list[str]) -> None:
     """multipleOf: a number greater than 0."""
     if not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)) or not value > 0:
         out.append(f"{path}.{key}: must be a number greater than 0")
 
 
-def _ck_count(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_count(value: object, path: str, key: str, out: list[str]) -> None:
     """minLength, maxLength, minItems, maxItems: a non-negative integer."""
     if not (_is_number(value) and value >= 0
             and (isinstance(value, int) or value.is_integer())):
         out.append(f"{path}.{key}: must be a non-negative integer")
 
 
-def _ck_bool(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_bool(value: object, path: str, key: str, out: list[str]) -> None:
     """uniqueItems: a boolean."""
     if not isinstance(value, bool):
         out.append(f"{path}.{key}: must be a boolean, got {kind(value)}")
 
 
 
-def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
+def _ck_pattern(value: object, path: str, key: str, out: list[str]) -> None:
     """pattern: a string that compiles as a Python regular expression and is safe to match."""
     if not isinstance(value, str):
         out.append(f"{path}.pattern: must be a string, got {kind(value)}")
@@ -289,17 +294,17 @@ def _ck_pattern(value: Any, path: str, key: str, out: list[str]) -> None:
         out.append(f"{path}.pattern: {problem}")
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> bool:
     """Return True for int and float values that are not booleans."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _q(name: Any) -> str:
+def _q(name: object) -> str:
     """Quote a name for a message."""
     return f"'{name}'" if isinstance(name, str) else render(name)
 
 
-_CHECKERS: dict[str, Callable[[Any, str, str, list[str]], None]] = {
+_CHECKERS: dict[str, Callable[[object, str, str, list[str]], None]] = {
     "type": _ck_type,
     "properties": _ck_properties,
     "required": _ck_string_list,
@@ -343,7 +348,7 @@ class _TooLarge(Exception):
     """The node budget ran out (or the expansion nested too deep) while inlining `$ref`s."""
 
 
-def relax(schema: dict, nodes: list[int] | None = None) -> tuple[Any, list[str]]:
+def relax(schema: dict, nodes: list[int] | None = None) -> tuple[object, list[str]]:
     """`schema` with `$ref`s to its own `$defs`/`definitions` inlined (2020-12: a ref's siblings apply too), the
     meta keywords (`$schema`, `$id`, `$comment`, `$defs`) removed and every keyword outside the subset dropped;
     and a `path: message` line per dropped keyword or unresolvable ref. What is left is still to be check()ed.
@@ -378,7 +383,7 @@ def _spend(budget: list[int], count: int) -> None:
         raise _TooLarge()
 
 
-def _values(value: Any, budget: list[int]) -> None:
+def _values(value: object, budget: list[int]) -> None:
     """Spend one node per JSON value in `value` (an enum, a default …); stops as soon as the budget is gone."""
     stack = [value]
     while stack:
@@ -390,7 +395,7 @@ def _values(value: Any, budget: list[int]) -> None:
             stack.extend(item)
 
 
-def _relax(schema: Any, path: str, defs: dict, refs: tuple, dropped: list[str], budget: list[int], depth: int) -> Any:
+def _relax(schema: object, path: str, defs: dict, refs: tuple, dropped: list[str], budget: list[int], depth: int) -> object:
     _spend(budget, 1)
     if not isinstance(schema, dict):
         return schema

@@ -8,7 +8,7 @@ the ones skills use). Dates and times follow RFC 3339: a real calendar day, a re
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
 
 # Field ranges are in the expressions; only day-of-month and leap seconds need code.
 _DATE = r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
@@ -64,7 +64,7 @@ def _is_date_time(s: str) -> bool:
 
 
 # A test returns something truthy for a valid string.
-FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
+FORMATS: dict[str, tuple[Callable[[str], object], str]] = {
     "date": (_is_date, "date (YYYY-MM-DD)"),
     "time": (_is_time, "time (HH:MM:SS with a Z or ±HH:MM offset)"),
     "date-time": (_is_date_time, "date-time (YYYY-MM-DDTHH:MM:SS with a Z or ±HH:MM offset)"),

@@ -22,17 +22,17 @@ The string and number keywords are compiled by scalars.py, where a string longer
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
 
 from .values import (DEPTH_MESSAGE, KIND, LEAF_TYPES, TYPE_NAMES, canon, canon_instance, kind, render, segment,
                      too_deep)
 from .scalars import Node, number_node, size_bounds, string_node
 
 _MISSING = object()
-Validator = Callable[[Any], "list[str]"]
+Validator = Callable[[object], "list[str]"]
 
 
-def build(schema: Any, compiled: dict | None = None) -> Validator:
+def build(schema: object, compiled: dict | None = None) -> Validator:
     """A validator(instance) -> `path: message` errors for a schema check() accepted.
 
     `compiled` holds subschemas compiled already for this schema (by node_of, while check()
@@ -40,7 +40,7 @@ def build(schema: Any, compiled: dict | None = None) -> Validator:
     """
     node = _guarded(schema, _compile(schema, {} if compiled is None else compiled).node)
 
-    def validator(instance: Any) -> list[str]:
+    def validator(instance: object) -> list[str]:
         """Return the instance's errors as `path: message` strings; empty means valid."""
         errors: list[str] = []
         node(instance, "$", "", errors)
@@ -48,13 +48,13 @@ def build(schema: Any, compiled: dict | None = None) -> Validator:
     return validator
 
 
-def node_of(schema: Any, compiled: dict) -> Node:
+def node_of(schema: object, compiled: dict) -> Node:
     """The unguarded node of a schema check() accepted, for values no deeper than JSON_DEPTH_MAX;
     `compiled` keeps it and its subschemas' for build()."""
     return _compile(schema, compiled).node
 
 
-def _guarded(schema: Any, node: Node) -> Node:
+def _guarded(schema: object, node: Node) -> Node:
     """The root node plus the depth limit for instances, checked only where the schema leaves
     the depth open: a valid instance of a closed schema is no deeper than the schema."""
     if _closed(schema):
@@ -70,7 +70,7 @@ def _guarded(schema: Any, node: Node) -> Node:
     return guarded
 
 
-def _closed(schema: Any) -> bool:
+def _closed(schema: object) -> bool:
     """Whether every instance the (checked) schema accepts has all its containers described by it."""
     if schema is False:
         return True
@@ -89,7 +89,7 @@ def _closed(schema: Any) -> bool:
     return "array" not in names or _closed(schema.get("items", True))
 
 
-def _closed_but_extra(schema: Any) -> frozenset | None:
+def _closed_but_extra(schema: object) -> frozenset | None:
     """For an object schema closed but for additional properties, its property names."""
     if not isinstance(schema, dict) or schema.get("type") not in ("object", ["object"]):
         return None
@@ -112,7 +112,7 @@ class _Meta:
                  leaf: frozenset | None = None):
         self.node, self.kinds, self.int_floats, self.leaf = node, kinds, int_floats, leaf
 
-    def type_fits(self, x: Any) -> bool:
+    def type_fits(self, x: object) -> bool:
         """Return True when x passes this schema's `type` keyword."""
         if self.kinds is None:
             return True
@@ -120,16 +120,16 @@ class _Meta:
         return k in self.kinds or (self.int_floats and k == "number" and x.is_integer())
 
 
-def _accept(x: Any, path: str, seg: str, errors: list) -> None:
+def _accept(x: object, path: str, seg: str, errors: list) -> None:
     """The `true` schema."""
 
 
-def _admit(x: Any, path: str, seg: str, errors: list) -> bool:
+def _admit(x: object, path: str, seg: str, errors: list) -> bool:
     """The type check of a node whose caller has dispatched on the type already: a subclass passes."""
     return True
 
 
-def _reject(x: Any, path: str, seg: str, errors: list) -> None:
+def _reject(x: object, path: str, seg: str, errors: list) -> None:
     """The `false` schema."""
     errors.append(f"{path}{seg}: not allowed")
 
@@ -158,12 +158,12 @@ _FAMILY_KEYWORDS = {
 }
 
 
-def _family(x: Any) -> str | None:
+def _family(x: object) -> str | None:
     """Return the keyword family of a value, or None for non-JSON values."""
     return _TYPE_FAMILY.get(type(x)) or _FAMILY.get(kind(x))
 
 
-def _compile(schema: Any, memo: dict[int, _Meta]) -> _Meta:
+def _compile(schema: object, memo: dict[int, _Meta]) -> _Meta:
     """Compile a schema that check() accepted into a _Meta, once per subschema object in `memo`
     (by id(): every key's schema is alive while the memo is)."""
     meta = memo.get(id(schema))
@@ -172,7 +172,7 @@ def _compile(schema: Any, memo: dict[int, _Meta]) -> _Meta:
     return meta
 
 
-def _compile_one(schema: Any, memo: dict[int, _Meta]) -> _Meta:
+def _compile_one(schema: object, memo: dict[int, _Meta]) -> _Meta:
     if schema is True or (isinstance(schema, dict) and not (schema.keys() - _ANNOTATIONS)):
         return _TRUE
     if schema is False:
@@ -403,7 +403,7 @@ def _mk_enum(values: list) -> Node:
     return check_enum
 
 
-def _mk_const(value: Any) -> Node:
+def _mk_const(value: object) -> Node:
     """const, for any type (JSON equality via canon)."""
     want = canon(value)
     message = f"must be equal to {render(value)}"
@@ -414,7 +414,7 @@ def _mk_const(value: Any) -> Node:
     return check_const
 
 
-def _no_match(metas: list[_Meta], failures: list[list[str]], x: Any, path: str, seg: str,
+def _no_match(metas: list[_Meta], failures: list[list[str]], x: object, path: str, seg: str,
               keyword: str, errors: list) -> None:
     """Report that no alternative of anyOf/oneOf matched, as helpfully as one line allows."""
     fitting = [i for i, m in enumerate(metas) if m.type_fits(x)]

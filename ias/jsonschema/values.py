@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
 
 from ..limits import JSON_DEPTH_MAX, JSON_NUMBER_MAX
 
@@ -30,7 +29,7 @@ _NUMBER_MESSAGE = f"number with more than {JSON_NUMBER_MAX} digits"
 _TEXT_TYPES = frozenset({str, bool, float, type(None)})
 
 
-def too_deep(value: Any) -> bool:
+def too_deep(value: object) -> bool:
     """Whether containers nest deeper than JSON_DEPTH_MAX (the validator's hot path: one
     comprehension per level). Numbers are not checked here: huge ints are harmless to
     validate, and JSON text is limited by loads()."""
@@ -46,7 +45,7 @@ def too_deep(value: Any) -> bool:
     return True
 
 
-def hostile(value: Any) -> str | None:
+def hostile(value: object) -> str | None:
     """Why a value is too deep or holds too large a number to handle safely, or None."""
     t = type(value)
     if t is str or t is bool or t is float or value is None:
@@ -80,6 +79,9 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]|[\]}]|-?[0-9][-+.0-9eE
 _SUSPECT_NUMBER = re.compile(rf"[0-9](?:[0-9]{{{JSON_NUMBER_MAX // 2 - 3}}}|[eE][-+]?[0-9]{{3}})")
 
 
+_DIGITS = "0123456789"
+
+
 def _too_big_float(token: str) -> bool:
     """Whether a number literal overflows a float (json.loads would give inf)."""
     try:
@@ -88,14 +90,14 @@ def _too_big_float(token: str) -> bool:
         return False
 
 
-def loads(text: str) -> Any:
+def loads(text: str) -> object:
     """json.loads with the depth and number limits checked first; raise json.JSONDecodeError.
 
     json.loads itself recurses per nesting level and parses any number of digits, so a
     hostile document would raise RecursionError or ValueError instead.
     """
     if (text.count("[") + text.count("{") <= JSON_DEPTH_MAX and "NaN" not in text and "Infinity" not in text
-            and _SUSPECT_NUMBER.search(text) is None):
+            and (not any(d in text for d in _DIGITS) or _SUSPECT_NUMBER.search(text) is None)):
         return json.loads(text)          # cannot nest too deep, nor hold a number out of limits
     depth = 0
     for m in _JSON_TOKEN.finditer(text):
@@ -121,7 +123,7 @@ def loads(text: str) -> Any:
 # Type names, equality and rendering for messages
 
 
-def kind(x: Any) -> str:
+def kind(x: object) -> str:
     """Return the JSON type name of a value (integral floats count as "number")."""
     k = KIND.get(type(x))
     if k is not None:
@@ -133,7 +135,7 @@ def kind(x: Any) -> str:
     return type(x).__name__
 
 
-def render(value: Any) -> str:
+def render(value: object) -> str:
     """Render a value as compact-ish JSON for a message."""
     try:
         return json.dumps(value, ensure_ascii=False)
@@ -141,14 +143,14 @@ def render(value: Any) -> str:
         return repr(value)
 
 
-def segment(name: Any) -> str:
+def segment(name: object) -> str:
     """Return the path segment for an object member."""
     if isinstance(name, str) and name.isidentifier():
         return "." + name
     return "[" + render(name if isinstance(name, str) else str(name)) + "]"
 
 
-def canon(v: Any) -> Any:
+def canon(v: object) -> object:
     """Return a hashable key such that JSON-equal values get equal keys."""
     t = type(v)
     if t is str or t is int or t is float or v is None:
@@ -170,7 +172,7 @@ def canon(v: Any) -> Any:
     return ("?", id(v))
 
 
-def canon_instance(v: Any) -> Any:
+def canon_instance(v: object) -> object:
     """canon() of an instance value, which may be nested too deep to recurse into."""
     if type(v) in LEAF_TYPES or not too_deep(v):
         return canon(v)
