@@ -9,12 +9,16 @@ reporting of errors (`cli`).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 
 
 def cmd_skills(config, args) -> int:
     from .registry import registry
+    if not config.sandbox_allow_partial and _has_entries(config.skills_dir):
+        from .sandbox import for_config
+        for_config(config).begin_probe()    # user skills load only at the full level: probed while they are parsed
     reg = registry(config, cached=args.action is None)
     if args.action == "check":
         mcp_problems = _servers_checked(config, reg) if reg.servers else []
@@ -59,6 +63,14 @@ def cmd_skills(config, args) -> int:
     for line in reg.problems:
         print(f"not loaded: {line}", file=sys.stderr)
     return 0
+
+
+def _has_entries(directory) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False
 
 
 def _sandbox_of(skill) -> str:

@@ -27,6 +27,7 @@ ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in o
 SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
 SKILL_CACHE_BATCH = 200             # skills per JSON text when the listing's spec cache is written (bounds its memory)
 SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and /tmp each (tmpfs: memory, used only as filled)
+PROBE_TIMEOUT = 10                  # seconds the sandbox probe (one `true` in a sandbox) may take
 
 # JSON (schemas in SKILL.md and tool arguments alike) and schema patterns
 JSON_DEPTH_MAX = 64                 # nested arrays/objects; deeper is an error, checked before parsing

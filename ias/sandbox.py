@@ -34,7 +34,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 
-from .limits import SANDBOX_TMPFS_MAX
+from .limits import PROBE_TIMEOUT, SANDBOX_TMPFS_MAX
 
 DEFAULT_USER = "nobody"
 # System trees every sandbox sees read-only (those that exist; a symlink stays a symlink).
@@ -135,6 +135,7 @@ class Level:
 
 
 _levels: dict[str, Level] = {}          # by sandbox user, probed once per process
+_probing: dict[str, subprocess.Popen | Level] = {}      # probes begun and not yet waited for (begin_probe)
 
 
 class Sandbox:
@@ -164,7 +165,7 @@ class Sandbox:
         """The level reached here, probed by starting one sandbox (once per process and user)."""
         key = f"{self.user}:{os.getuid()}"
         if key not in _levels:
-            _levels[key] = self._probe()
+            _levels[key] = self._probed(_probing.pop(key, None) or self._probe())
         return _levels[key]
 
     @property
@@ -172,7 +173,14 @@ class Sandbox:
         """Whether level() is known without starting anything."""
         return f"{self.user}:{os.getuid()}" in _levels
 
-    def _probe(self) -> Level:
+    def begin_probe(self) -> None:
+        """Start the probe level() waits for, so that it runs meanwhile (a listing parses its skills)."""
+        key = f"{self.user}:{os.getuid()}"
+        if key not in _levels and key not in _probing:
+            _probing[key] = self._probe()
+
+    def _probe(self) -> subprocess.Popen | Level:
+        """The probing sandbox started, or the level when none can start."""
         if self._bwrap is None:
             return Level("none", "bubblewrap (bwrap) is not installed")
         if self.root:
@@ -185,13 +193,26 @@ class Sandbox:
             if uid == 0:
                 return Level("none", f"[sandbox] user '{self.user}' is root")
         try:
-            done = subprocess.run(self.command(["true"], Policy(), directory="/usr", home=None), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=10, env={"PATH": "/usr/bin:/bin"})
-        except (OSError, subprocess.SubprocessError) as exc:
+            return subprocess.Popen(self.command(["true"], Policy(), directory="/usr", home=None),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    env={"PATH": "/usr/bin:/bin"})
+        except OSError as exc:
             return Level("none", f"bwrap does not start: {exc}")
-        if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            return Level("none", f"bwrap fails here: {why[-1] if why else f'exit {done.returncode}'}")
+
+    @staticmethod
+    def _probed(probe: subprocess.Popen | Level) -> Level:
+        """The level a started probe shows (waited for; killed after PROBE_TIMEOUT)."""
+        if isinstance(probe, Level):
+            return probe
+        try:
+            _, err = probe.communicate(timeout=PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            probe.kill()
+            probe.communicate()
+            return Level("none", f"bwrap does not start: {exc}")
+        if probe.returncode != 0:
+            why = err.decode("utf-8", "replace").strip().splitlines()
+            return Level("none", f"bwrap fails here: {why[-1] if why else f'exit {probe.returncode}'}")
         return Level("full")
 
     def refused(self, policy: Policy) -> str | None:

@@ -119,11 +119,12 @@ RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 # code block whole, through its closing line or, unclosed, to the end (a backtick fence's info string has no
 # backtick; the closing fence, of the same character and at least as long, has no info string).
 TOKEN_RE = re.compile(r"""\n(?:
-    [ ]{0,3}(\#{1,6})(?:[ \t]([^\n]*))?(?![^\n])                          # 1: the #s, 2: the rest
-  | ([ ]{0,3})(`{3,}(?=[^`\n]*(?![^\n]))|~{3,})[ \t]*(\S*)[^\n]*     # 3: indent, 4: fence, 5: info string
-    ((?:\n[^\n]*)*?)                                                    # 6: the content lines, each after a \n
-    (?:\n[ ]{0,3}\4(?:(?<=`)`*|(?<=~)~*)[ \t]*(?![^\n]) | (\Z))         # the closing line, or 7: the end
+    ([ ]{0,3}(\#{1,6})(?:[ \t]([^\n]*))?(?![^\n]))                        # 1: the line, 2: the #s, 3: the rest
+  | ([ ]{0,3})(`{3,}(?=[^`\n]*(?![^\n]))|~{3,})[ \t]*(\S*)[^\n]*     # 4: indent, 5: fence, 6: info string
+    ((?:\n[^\n]*)*?)                                                    # 7: the content lines, each after a \n
+    (?:\n[ ]{0,3}\5(?:(?<=`)`*|(?<=~)~*)[ \t]*(?![^\n]) | (\Z))         # the closing line, or 8: the end
 )""", re.VERBOSE)
+TOKEN_GROUPS = 8
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
@@ -144,57 +145,58 @@ class _Section:
 
 def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
     """Split SKILL.md into title, preamble (the text before the first `##`) and `##` sections, ignoring
-    headings inside code fences. One regex finds the headings and the fenced blocks (a few in a file); the
-    prose between them is kept whole."""
+    headings inside code fences. One regex split cuts out the headings and the fenced blocks (a few in a
+    file); the prose between them comes whole."""
     # Lines end at "\n" only (str.splitlines() would also split at \f, \v, \x85, U+2028...), and lose one "\r".
     if "\r" in text:
         text = text.replace("\r\n", "\n")
         if text.endswith("\r"):
             text = text[:-1]
-    text = "\n" + text
+    parts = TOKEN_RE.split("\n" + text)     # prose, then each token's groups and the prose after it
     title = ""
     preamble: list[tuple[int, str]] = []
     prose = preamble                 # (line number, "\n" + lines): the preamble's, then the current section's
     sections: dict[str, _Section] = {}
-    duplicates: list[str] = []
+    problems: list[str] = []
     current: _Section | None = None
-    end = last = 0                   # where the last token ended, and the number of its last line
-    for token in TOKEN_RE.finditer(text):
-        start = token.start()
-        number = last + 1 + text.count("\n", end, start)      # of the token's first line
-        if start > end:
-            prose.append((last + 1, text[end:start]))
-        end = token.end()
-        last = number + text.count("\n", start + 1, end)
-        hashes, rest, indent, marker, lang, body, unclosed = token.groups()
+    last = 0                         # the number of the last line before the next part
+    if parts[0]:
+        prose.append((1, parts[0]))
+        last = parts[0].count("\n")
+    for i in range(1, len(parts), TOKEN_GROUPS + 1):
+        line, hashes, rest, indent, marker, lang, body, unclosed, after = parts[i:i + TOKEN_GROUPS + 1]
+        number = last + 1            # of the token's first line
         if marker is not None:
             if unclosed is not None:
-                duplicates.append(f"{number}: unclosed code fence")
+                problems.append(f"{number}: unclosed code fence")
             elif current is not None:
                 if indent:       # content lines lose up to the opening fence's indent (CommonMark)
                     body = "\n".join([b[min(len(indent), len(b) - len(b.lstrip(" "))):] for b in body.split("\n")])
                 current.blocks.append(_Block(lang.lower(), body[1:], number + 1))
-            continue
-        level = len(hashes)
-        heading = ""
-        if level == 2 or (level == 1 and current is None and not title):
-            heading = rest.strip(" \t") if rest else ""
-            if heading[-1:] == "#":           # a closing run of #s, perhaps
-                heading = _heading_text(rest)
-        if level == 2:
-            key = SECTION_ALIASES.get(heading.lower()) or "other:" + heading.lower()
-            if key in sections and key[:6] != "other:":
-                duplicates.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
-            current = _Section(heading, number, [], [])
-            prose = current.prose
-            sections.setdefault(key, current)
-        elif heading:
-            title = heading
+            last = number + body.count("\n") + (unclosed is None)
         else:
-            prose.append((number, text[start:end]))
-    if end < len(text):
-        prose.append((last + 1, text[end:]))
-    return title, "".join([chunk for _, chunk in preamble]), sections, duplicates
+            last = number
+            heading = ""
+            if hashes == "##" or (hashes == "#" and current is None and not title):
+                heading = rest.strip(" \t") if rest else ""
+                if heading[-1:] == "#":           # a closing run of #s, perhaps
+                    heading = _heading_text(rest)
+            if hashes == "##":
+                lower = heading.lower()
+                key = SECTION_ALIASES.get(lower) or "other:" + lower
+                if key in sections and key[:6] != "other:":
+                    problems.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
+                current = _Section(heading, number, [], [])
+                prose = current.prose
+                sections.setdefault(key, current)
+            elif heading:
+                title = heading
+            else:
+                prose.append((number, "\n" + line))
+        if after:
+            prose.append((last + 1, after))
+            last += after.count("\n")
+    return title, "".join([chunk for _, chunk in preamble]), sections, problems
 
 
 def _heading_text(rest: str) -> str:

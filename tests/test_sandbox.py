@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 import uuid
 from dataclasses import replace
@@ -260,7 +261,8 @@ class LevelTest(unittest.TestCase):
 
     def setUp(self):
         self.saved = dict(sandbox_module._levels)
-        self.addCleanup(lambda: (sandbox_module._levels.clear(), sandbox_module._levels.update(self.saved)))
+        self.addCleanup(lambda: (sandbox_module._levels.clear(), sandbox_module._levels.update(self.saved),
+                                 sandbox_module._probing.clear()))
 
     def test_without_bwrap_the_level_is_none_and_says_why(self):
         box = Sandbox(repo_root=REPO, data_dir="/nonexistent", user="nobody")
@@ -268,6 +270,27 @@ class LevelTest(unittest.TestCase):
         sandbox_module._levels.clear()
         level = box.level()
         self.assertEqual((str(level), level.missing), ("none", "bubblewrap (bwrap) is not installed"))
+
+    def test_a_probe_begun_early_runs_meanwhile_and_is_the_one_level_waits_for(self):
+        tmp = Path(tempfile.mkdtemp(prefix="ias-sandbox-probe-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        fake = tmp / "bwrap"            # stands in for bwrap: says it started, then fails as a host without it would
+        fake.write_text(f"#!/bin/sh\necho started >> {tmp}/started\necho 'no user namespaces' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        box = Sandbox(repo_root=REPO, data_dir="/nonexistent", user="nobody")
+        box._bwrap = str(fake)
+        sandbox_module._levels.clear()
+        box.begin_probe()
+        box.begin_probe()               # begun once
+        deadline = time.monotonic() + 10
+        while not (tmp / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue((tmp / "started").exists(), "the probe did not run before level() was asked")
+        level = box.level()
+        self.assertEqual((str(level), level.missing), ("none", "bwrap fails here: no user namespaces"))
+        box.level()
+        self.assertEqual((tmp / "started").read_text(), "started\n")
+        self.assertEqual(sandbox_module._probing, {})
 
     def test_a_root_ias_needs_an_unprivileged_user(self):
         sandbox_module._levels.clear()
