@@ -46,17 +46,16 @@ def cmd_skills(config, args) -> int:
             del spec["execute"]
         print(json.dumps(spec, ensure_ascii=False, indent=2))
         return 0
-    sandbox = _sandboxes()
     if args.json:
         print(json.dumps([{"name": s.name, "source": s.source, "risk": s.risk, "timeout": s.timeout,
-                           "overrides": s.overrides, "description": s.description, "sandbox": sandbox(s),
+                           "overrides": s.overrides, "description": s.description, "sandbox": _sandbox_of(s),
                            **({"server": s.mcp.server} if s.mcp is not None else {})} for s in reg],
                          ensure_ascii=False, indent=2))
     else:       # one write, no row built first, %-formatting (twice as fast as format specs): thousands of skills
         header = f"{'NAME':<24} {'SOURCE':<7} {'RISK':<5} {'TIMEOUT':>7}  OVERRIDES  {'MCP SERVER':<12}  SANDBOX"
         row = "%-24s %-7s %-5s %6gs  %-9s  %-12s  %s"
         print("\n".join([header, *(row % (s.name, s.source, s.risk, s.timeout, "yes" if s.overrides else "",
-                                          s.mcp.server if s.mcp is not None else "", sandbox(s)) for s in reg)]))
+                                          s.mcp.server if s.mcp is not None else "", _sandbox_of(s)) for s in reg)]))
     listed = {s.mcp.server for s in reg if s.mcp is not None}
     for name in sorted(set(reg.servers) - listed):
         print(f"mcp server {name}: tools not listed yet (run `ias skills check`)", file=sys.stderr)
@@ -76,20 +75,6 @@ def _has_entries(directory) -> bool:
 def _sandbox_of(skill) -> str:
     """What `skills` says of a skill's sandbox: its `## Sandbox` (`default`, `network`, …, `unconfined`)."""
     return "in-process" if skill.builtin else skill.sandbox.describe()
-
-
-def _sandboxes():
-    """`_sandbox_of` for a listing: each distinct `## Sandbox` described once (thousands of skills share a few)."""
-    described = {}
-
-    def sandbox_of(skill) -> str:
-        if skill.builtin:
-            return "in-process"
-        text = described.get(skill.sandbox)
-        if text is None:
-            text = described[skill.sandbox] = skill.sandbox.describe()
-        return text
-    return sandbox_of
 
 
 def over_one_request(config, reg) -> str | None:
