@@ -162,8 +162,8 @@ class Registry:
         user: dict[str, Skill] = {}
         servers: dict[str, McpServer] = {}
         tool_warnings: list[str] = []
-        for path, (source, *_rest) in seen.items():
-            outcome = self._parsed[path]
+        for path, signature in seen.items():
+            source, outcome = signature[0], self._parsed[path]
             if isinstance(outcome, SkillError):
                 problems.extend(outcome.problems)
                 self._report(outcome.problems, kept=not first and path in self._good)

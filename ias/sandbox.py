@@ -217,6 +217,8 @@ class Sandbox:
 
     def refused(self, policy: Policy) -> str | None:
         """Why `policy` may not run here (a declared path inside the data directory or the repository), or None."""
+        if not (policy.read or policy.write):
+            return None
         for path in (*policy.read, *policy.write):
             real = expand(path)
             for root, what in ((self.data_dir, "the data directory"), (self.repo_root, "the repository")):
