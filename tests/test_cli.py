@@ -330,7 +330,7 @@ print(cli.main(["tasks", "list"]), seen)
 # What `ias skills` never uses, each a cost paid by every listing if imported: the event loop, the SDKs, the
 # database side, the embedded cluster and the service installer, `setup`'s presets, the clock's time zone.
 NOT_FOR_A_LISTING = ("asyncio", "openai", "psycopg", "ias.app", "ias.store", "ias.pgcluster", "ias.service",
-                     "ias.setup", "ias.doctor", "ias.clock", "zoneinfo")
+                     "ias.setup", "ias.doctor", "ias.clock", "zoneinfo", "typing", "hashlib", "fractions")
 LISTING = f"""
 import contextlib, io, sys
 from ias import cli
