@@ -230,9 +230,7 @@ def _text(section: _Section) -> list[tuple[int, str]]:
 
 
 def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], where: str) -> _Block | None:
-    blocks = section.blocks
-    if len(blocks) != 1 or blocks[0].lang not in langs:
-        blocks = [b for b in blocks if b.lang in langs]
+    blocks = [b for b in section.blocks if b.lang in langs]
     if len(blocks) != 1:
         what = "no" if not blocks else f"{len(blocks)}"
         problems.append(f"{where}:{section.line}: '## {section.heading}' needs exactly one ```{langs[0]} block, found {what}")
