@@ -13,17 +13,15 @@ is forgotten as soon as nobody holds or waits, so the table never grows with use
 """
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator
 
 from .errors import IasError
-
-if TYPE_CHECKING:
-    import asyncio
 
 
 class FileLock:
@@ -86,9 +84,8 @@ class UserLocks:
     def place(self, user_id: str) -> "Place":
         """Take a place in `user_id`'s line now, without waiting (so the order is the order of the calls);
         `async with` it to wait for it to come up. Must be entered or released, or the line stops."""
-        from asyncio import get_running_loop         # here: the file locks' users (`ias skills`) never need asyncio
         line = self._lines.setdefault(user_id, deque())
-        place = Place(self, user_id, get_running_loop().create_future())
+        place = Place(self, user_id, asyncio.get_running_loop().create_future())
         line.append(place)
         if len(line) == 1:
             place._ready.set_result(None)

@@ -196,7 +196,7 @@ class Sandbox:
             return subprocess.Popen(self.command(["true"], Policy(), directory="/usr", home=None),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     env={"PATH": "/usr/bin:/bin"})
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             return Level("none", f"bwrap does not start: {exc}")
 
     @staticmethod

@@ -9,6 +9,7 @@ quality beyond answering and calling one tool.
 """
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 import sys
@@ -198,7 +199,6 @@ def run_setup(config, provider: str | None = None, model: str | None = None, bas
             print(f"ias setup: {exc}", file=sys.stderr)
             return 2
     out(f"正在测试 {endpoint.base_url}（模型 {endpoint.model}）：一次普通回答、一次工具调用……")
-    import asyncio                      # here: every command's parser reads PRESETS, `ias skills` needs no loop
     problem = asyncio.run(probe(endpoint, config.llm_timeout))
     if problem is not None:
         print(f"ias: {problem}；没有写入任何设置", file=sys.stderr)
@@ -226,6 +226,5 @@ def _yes(ask, prompt: str) -> bool:
 
 def _wechat_login(config) -> int:
     """`ias wechat login`, the QR code drawn when segno is installed (`make run` installs it)."""
-    import asyncio
     from .commands import cmd_wechat
     return asyncio.run(cmd_wechat(config, "login"))
