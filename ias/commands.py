@@ -38,7 +38,7 @@ def cmd_skills(config, args) -> int:
             return 1
         spec = {"name": skill.name, "title": skill.title, "description": skill.description,
                 "source": skill.source, "overrides": skill.overrides, "risk": skill.risk,
-                "timeout": skill.timeout, "env": list(skill.env), "directory": str(skill.directory),
+                "timeout": skill.timeout, "env": list(skill.env), "directory": skill.directory,
                 "parameters": skill.parameters, "execute": skill.execute, "builtin": skill.builtin,
                 "sandbox": _sandbox_of(skill)}
         if skill.mcp is not None:

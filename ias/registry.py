@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import jsonschema as schema
 from .changes import Change, Changes
 from .errors import SkillError
 from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX, SKILL_CACHE_BATCH
 from .sandbox import Policy, for_config, refusal
-from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, lazy_validator, read_skill
+from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, read_skill
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Registry:
         self._allow = frozenset(allow_risk_downgrade)
         # Keyed by the SKILL.md's path as text (thousands of Path objects cost more than the parsing).
         self._seen: dict[str, tuple] = {}    # SKILL.md -> stat signature at its last parse
-        self._dirs: dict[str, tuple[str, Path | None]] = {}   # SKILL.md -> its directory's name, root resolved
+        self._dirs: dict[str, tuple[str, str | None]] = {}   # SKILL.md -> its directory's name, root resolved
         self._parsed: dict[str, Skill | McpServer | SkillError] = {}
         self._good: dict[str, Skill | McpServer] = {}    # last version of each file that loaded
         self._reported: set[str] = set()
@@ -108,7 +109,7 @@ class Registry:
         for root, source in self._roots:
             try:
                 entries = sorted(os.scandir(root), key=lambda e: e.name)
-                real_root = Path(os.path.realpath(root))
+                real_root = os.path.realpath(root)
             except OSError:
                 continue
             for entry in entries:
@@ -146,7 +147,7 @@ class Registry:
                 name, real_root = self._dirs[path]
                 try:
                     self._parsed[path] = read_skill(path, name, signature[0], self._lazy,
-                                                    real_root / name if real_root is not None else None)
+                                                    f"{real_root}/{name}" if real_root is not None else None)
                 except SkillError as exc:
                     self._parsed[path] = exc
                 fresh = fresh or not isinstance(self._parsed[path], McpServer)   # servers are not cached
@@ -244,8 +245,8 @@ def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
             else:
                 *values, env, directory, sandbox = spec
                 fields = dict(zip(_CACHED_FIELDS, values, strict=True))
-                outcome = Skill(**fields, env=tuple(env), directory=Path(directory),
-                                validator=lazy_validator(fields["parameters"]), sandbox=Policy.from_lines(sandbox))
+                outcome = Skill(**fields, env=tuple(env), directory=directory,
+                                validator=schema.compile_later(fields["parameters"]), sandbox=Policy.from_lines(sandbox))
             out[path] = (tuple(signature), outcome)
         return out
     except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
@@ -262,7 +263,7 @@ def _write_cache(file: Path, entries: dict) -> None:
         if isinstance(outcome, SkillError):
             out.append((path, [signature, None, outcome.problems]))
         else:
-            out.append((path, [signature, [*_cached_values(outcome), outcome.env, str(outcome.directory),
+            out.append((path, [signature, [*_cached_values(outcome), outcome.env, outcome.directory,
                                            outcome.sandbox.lines()]]))
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +288,7 @@ def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrad
         base = system.get(name)
         if base is not None:
             if base.high and not skill.high and name not in allow_risk_downgrade:
-                warnings.append(f"{skill.directory / 'SKILL.md'}:1: user skill '{name}' may not lower the risk of the "
+                warnings.append(f"{skill.directory}/SKILL.md:1: user skill '{name}' may not lower the risk of the "
                                 "system skill it replaces; kept High (allow it with [skills] allow_risk_downgrade in ias.toml)")
                 skill = replace(skill, risk="high")
             skill = replace(skill, overrides=True)
@@ -322,7 +323,7 @@ def _untitled(skill: Skill) -> list[str]:
     untitled = [key for key, sub in props.items() if not (isinstance(sub, dict) and isinstance(sub.get("title"), str))]
     if not untitled:
         return []
-    return [f"{skill.directory / 'SKILL.md'}:{skill.parameters_line}: High skill parameters without a title "
+    return [f"{skill.directory}/SKILL.md:{skill.parameters_line}: High skill parameters without a title "
             f"(their label in the approval message): {', '.join(untitled)}"]
 
 
@@ -396,7 +397,6 @@ def _digest(tool: dict) -> str:
 
 def _compile(given: dict, budget: int) -> _Compiled:
     """`given` relaxed and compiled within `budget` schema nodes (at most SCHEMA_NODES_MAX)."""
-    from . import jsonschema as schema
     if budget <= 0:
         return _Compiled(0, too_large=True)
     nodes = [budget]

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import stat
+from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ class Skill:
     execute: str                  # kind "script": the bash script of ## Execute ("" for the other kinds)
     timeout: float                # seconds
     env: tuple[str, ...]          # names passed through from the daemon's environment
-    directory: Path
+    directory: str                # resolved, absolute (text: a Path per skill costs a large listing ~5 %)
     validator: Callable[[object], list[str]] = field(repr=False, compare=False)   # compiled `parameters`
     source: str = "user"          # "system" | "user"
     overrides: bool = False       # a user skill replacing a system skill of the same name
@@ -77,7 +78,7 @@ class McpServer:
     tools: dict | None            # `## Tools`: server tool name -> risk; when given, only these are exposed
     timeout: float                # seconds per call
     env: tuple[str, ...]
-    directory: Path
+    directory: str                # resolved, absolute
     description: str
     source: str = "user"
     line: int = 1                 # line of `## MCP`, for problems found when the server runs
@@ -85,8 +86,8 @@ class McpServer:
     trusted: bool = False         # ## Trusted: its tools' output is not untrusted outside text
 
     @property
-    def path(self) -> Path:
-        return self.directory / "SKILL.md"
+    def path(self) -> str:
+        return self.directory + "/SKILL.md"
 
 
 _UNBOXED = Policy()                     # no `## Sandbox`: the default sandbox (one shared, it is frozen)
@@ -118,7 +119,7 @@ RISKS = {"low": "low", "high": "high", "低": "low", "高": "high"}
 # an ATX heading (CommonMark: up to 3 spaces of indent, a space or tab or nothing after the #s), or a fenced
 # code block whole, through its closing line or, unclosed, to the end (a backtick fence's info string has no
 # backtick; the closing fence, of the same character and at least as long, has no info string).
-TOKEN_RE = re.compile(r"""\n(?:
+TOKEN_RE = re.compile(r"""\n(?=[ ]{0,3}[\#`~])(?:                                   # (most lines are neither: told at once)
     ([ ]{0,3}(\#{1,6})(?:[ \t]([^\n]*))?(?![^\n]))                        # 1: the line, 2: the #s, 3: the rest
   | ([ ]{0,3})(`{3,}(?=[^`\n]*(?![^\n]))|~{3,})[ \t]*(\S*)[^\n]*     # 4: indent, 5: fence, 6: info string
     ((?:\n[^\n]*)*?)                                                    # 7: the content lines, each after a \n
@@ -128,19 +129,19 @@ TOKEN_GROUPS = 8
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class _Block:
-    lang: str
-    text: str
-    line: int          # line number of the first content line
+# A fenced code block of a section. Both are built thousands of times by a large listing: a named tuple and a
+# plain class cost half of what frozen dataclasses do.
+_Block = namedtuple("_Block", ("lang", "text", "line"))     # line: the number of its first content line
 
 
-@dataclass(slots=True)
 class _Section:
-    heading: str
-    line: int
-    prose: list[tuple[int, str]]     # its lines outside code fences: (number of the first, "\n" + the lines joined)
-    blocks: list[_Block]
+    __slots__ = ("heading", "line", "prose", "blocks")
+
+    def __init__(self, heading: str, line: int) -> None:
+        self.heading = heading
+        self.line = line
+        self.prose: list[tuple[int, str]] = []   # its lines outside code fences: (number of the first, "\n" + the lines joined)
+        self.blocks: list[_Block] = []
 
 
 def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
@@ -163,8 +164,10 @@ def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
     if parts[0]:
         prose.append((1, parts[0]))
         last = parts[0].count("\n")
-    for i in range(1, len(parts), TOKEN_GROUPS + 1):
-        line, hashes, rest, indent, marker, lang, body, unclosed, after = parts[i:i + TOKEN_GROUPS + 1]
+    tokens = iter(parts)
+    next(tokens)
+    # Each token's groups and the prose after it, taken TOKEN_GROUPS + 1 at a time from the one iterator.
+    for line, hashes, rest, indent, marker, lang, body, unclosed, after in zip(*[tokens] * (TOKEN_GROUPS + 1)):
         number = last + 1            # of the token's first line
         if marker is not None:
             if unclosed is not None:
@@ -186,7 +189,7 @@ def _split(text: str) -> tuple[str, str, dict[str, _Section], list[str]]:
                 key = SECTION_ALIASES.get(lower) or "other:" + lower
                 if key in sections and key[:6] != "other:":
                     problems.append(f"{number}: duplicate section '## {_clip(heading)}' (first at line {sections[key].line})")
-                current = _Section(heading, number, [], [])
+                current = _Section(heading, number)
                 prose = current.prose
                 sections.setdefault(key, current)
             elif heading:
@@ -239,7 +242,7 @@ def _one_block(section: _Section, langs: tuple[str, ...], problems: list[str], w
 
 
 def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
-                real: Path | None = None) -> Skill | McpServer:
+                real: str | None = None) -> Skill | McpServer:
     """Parse one SKILL.md (an `## MCP` one gives its McpServer); raise SkillError with every problem found.
     `lazy`: the schema is checked now but its validator built at its first use (the `skills` listing, which
     validates nothing, skips half the work). `real`: the skill directory's resolved path when the caller
@@ -247,10 +250,10 @@ def parse_skill(path: Path, text: str, source: str = "user", lazy: bool = False,
     return _parse(str(path), path.parent.name, text, source, lazy, real)
 
 
-def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: str | None) -> Skill | McpServer:
     """parse_skill of the SKILL.md at `where` (a path as text) in the directory `name`."""
     problems: list[str] = []
-    real = real or Path(where).parent.resolve()
+    real = real or os.path.realpath(os.path.dirname(where))
     if not NAME_RE.match(name):
         problems.append(f"{where}:1: skill name '{name}' (the directory name) must match ^[a-z][a-z0-9_]{{0,63}}$")
 
@@ -308,7 +311,7 @@ def _parse(where: str, name: str, text: str, source: str, lazy: bool, real: Path
                         elif checked := schema.check(parameters, measured=True):
                             raise schema.SchemaError(checked)
                         else:
-                            validator = lazy_validator(parameters)
+                            validator = schema.compile_later(parameters)
                     except schema.SchemaError as exc:
                         problems.extend(f"{where}:{block.line}: {_clip(p, 300)}" for p in exc.problems)
                 parameters_line = block.line
@@ -387,7 +390,7 @@ def _trusted(section: _Section, problems: list[str], where: str) -> bool:
     return False
 
 
-def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, problems: list[str],
+def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: str, problems: list[str],
                      where: str) -> Policy:
     """`## Sandbox` of the skill in (resolved) `directory`: one permission a line (SPEC 10). A PATH overlapping the repository this iAs runs from or
     the skills' own tree is refused here; the runner refuses the data directory too (known only with a config)."""
@@ -403,7 +406,7 @@ def _sandbox_section(section: _Section, risk: str, mcp: bool, directory: Path, p
                             + ("; an MCP server always runs in the sandbox" if mcp else ""))
             continue
         if path is not None and not path.startswith("~/"):
-            overlap = [root for root in (REPO_ROOT, directory.parent)
+            overlap = [root for root in (REPO_ROOT, os.path.dirname(directory))
                        if inside(path, root) or inside(root, path)]
             if overlap:
                 problems.append(f"{where}:{number}: sandbox path {path} may not overlap the repository or the skills ({overlap[0]})")
@@ -443,35 +446,26 @@ def _mcp_sections(sections: dict, problems: list[str], where: str) -> tuple[tupl
     return command, tools
 
 
-def lazy_validator(parameters: dict) -> Callable[[object], list[str]]:
-    """The validator of a checked schema `parameters`, compiled at its first use (a listing uses none)."""
-    compiled: Callable[[object], list[str]] | None = None
-
-    def validate(instance: object) -> list[str]:
-        nonlocal compiled
-        if compiled is None:
-            compiled = schema.compile(parameters)
-        return compiled(instance)
-    return validate
-
-
-def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: Path | None = None) -> Skill | McpServer:
+def load_skill(directory: Path, source: str = "user", lazy: bool = False, real: str | None = None) -> Skill | McpServer:
     """Load the skill in `directory` (its SKILL.md); raise SkillError on any problem, whatever it is.
     `lazy`, `real`: see parse_skill."""
     path = Path(directory) / "SKILL.md"
     return read_skill(str(path), path.parent.name, source, lazy, real)
 
 
-def read_skill(path: str, name: str, source: str, lazy: bool, real: Path | None) -> Skill | McpServer:
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def read_skill(path: str, name: str, source: str, lazy: bool, real: str | None) -> Skill | McpServer:
     """load_skill of the SKILL.md at `path` (as text, as a registry scans it) in the directory `name`."""
     try:
         # Opened without blocking and checked before reading: not a FIFO or device, which could block or never end.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS)
         try:
             st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):      # said as open() says it
-                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), fd)
             if not stat.S_ISREG(st.st_mode):
+                if stat.S_ISDIR(st.st_mode):      # said as open() says it
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), fd)
                 raise OSError(f"not a regular file: {path}")
             # Up to SKILL_FILE_MAX + 1 bytes or the end of the file: its size says how much to ask for; a file
             # that gave more than that has grown, and is read on (a short read of a regular file is its end).

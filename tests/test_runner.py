@@ -38,7 +38,7 @@ def fixture_skill(name: str, *, timeout: float = 10.0, env: tuple[str, ...] = ()
     text = (directory / "SKILL.md").read_text(encoding="utf-8")
     execute = re.search(r"^## Execute\n```bash\n(.*?)^```", text, re.M | re.S).group(1)
     return Skill(name=name, title=name, description="", risk="low", parameters={"type": "object"},
-                 execute=execute, timeout=timeout, env=env, directory=directory,
+                 execute=execute, timeout=timeout, env=env, directory=str(directory),
                  validator=schema.compile({"type": "object"}), sandbox=Policy(write=write))
 
 
@@ -426,7 +426,7 @@ class RunnerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(result.exit_code, 127)
         self.assertTrue(result.stderr.startswith("spawn failed: No such file or directory"), result.stderr)
         self.assertEqual(results.of_run(result), {"success": False, "error": result.stderr, "exit_code": 127})
-        missing = replace(self.skill("outputs"), directory=self.tmp / "gone")
+        missing = replace(self.skill("outputs"), directory=str(self.tmp / "gone"))
         result = await self.make_runner().execute(missing, {"mode": "text"})
         self.assertEqual(result.exit_code, 127)
         self.assertIn("spawn failed", result.stderr)

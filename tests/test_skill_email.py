@@ -147,7 +147,7 @@ class _SkillRun:
 
 def mail_script(name: str):
     """One of the skill's script modules (`imap`, `mime`), for its pure helpers."""
-    return load_script(SKILL.directory / "scripts" / f"{name}.py", f"ias_email_skill_{name}")
+    return load_script(Path(SKILL.directory, "scripts", f"{name}.py"), f"ias_email_skill_{name}")
 
 
 class HelpersTest(unittest.TestCase):

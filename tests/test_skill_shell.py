@@ -55,7 +55,7 @@ class ShellSkillTest(unittest.IsolatedAsyncioTestCase):
         cwd, home, mode, entries, stdin_bytes = result["stdout"].splitlines()
         self.assertEqual(cwd, home)
         self.assertEqual(Path(cwd).parent, self.tmp / "runs")
-        self.assertNotEqual(Path(cwd), SKILL.directory)
+        self.assertNotEqual(cwd, SKILL.directory)
         self.assertEqual((mode, entries, stdin_bytes), ("700", "0", "0"))   # fresh, 0700, stdin empty
         self.assertFalse(Path(cwd).exists())                                # removed after the run
 

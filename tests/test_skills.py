@@ -14,6 +14,7 @@ from pathlib import Path
 from unittest import mock
 
 from ias.errors import SkillError
+from ias.jsonschema import validator as validator_module
 from ias.limits import SKILL_FILE_MAX
 from ias.registry import load_registry
 from ias.skills import load_skill, parse_skill
@@ -370,6 +371,28 @@ class CompiledAtLoadTest(GateTestCase):
     def test_a_skill_whose_schema_does_not_compile_is_not_loaded(self):
         text = GOOD.replace('{"type": "string"}', '{"type": "string", "minLength": -1}')
         self.assertEqual(problems(text), ["/skills/echo/SKILL.md:10: $.properties.text.minLength: must be a non-negative integer"])
+
+
+class CompiledAtFirstUseTest(unittest.TestCase):
+    """The listing's parse (`lazy`) checks each schema as the load does, and compiles it only when first used."""
+
+    def lazy(self, text: str):
+        return parse_skill(Path("/skills/echo/SKILL.md"), textwrap.dedent(text), lazy=True)
+
+    def test_nothing_is_compiled_until_the_first_call_then_once(self):
+        with mock.patch("ias.jsonschema.validator.build", wraps=validator_module.build) as build:
+            skill = self.lazy(GOOD)
+            self.assertEqual(build.call_count, 0)
+            self.assertEqual(skill.validator({"text": 1}), ["$.text: expected string, got integer"])
+            self.assertEqual(skill.validator({"text": "hi"}), [])
+            self.assertEqual(build.call_count, 1)
+        self.assertEqual(skill, parse(GOOD))          # the same skill as the load's, validator aside
+
+    def test_a_bad_schema_is_the_same_problem(self):
+        text = GOOD.replace('{"type": "string"}', '{"type": "string", "minLength": -1}')
+        with self.assertRaises(SkillError) as caught:
+            self.lazy(text)
+        self.assertEqual(caught.exception.problems, problems(text))
 
 
 @slow

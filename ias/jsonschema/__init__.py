@@ -59,6 +59,19 @@ def compile(schema: object) -> Validator:  # noqa: A001 - the documented public 
     return _validator.build(schema, problems.compiled)
 
 
+def compile_later(schema: object) -> Callable[[object], list[str]]:
+    """The validator of a schema check() accepted, compiled at its first use (a listing of thousands of
+    skills validates nothing)."""
+    compiled: Validator | None = None
+
+    def validate(instance: object) -> list[str]:
+        nonlocal compiled
+        if compiled is None:
+            compiled = compile(schema)
+        return compiled(instance)
+    return validate
+
+
 def validate(instance: object, schema: object) -> list[str]:
     """Return the instance's errors as `path: message` strings; empty means valid.
 
