@@ -26,6 +26,7 @@ ENV_VALUE_MAX = 64 * 1024           # bytes; a longer IAS_PARAM_*/IAS_PARAMS val
 ENV_TOTAL_MAX = 1024 * 1024         # bytes of IAS_PARAM*/IAS_PARAMS values in one env (ARG_MAX is ~2 MiB)
 SKILL_FILE_MAX = 256 * 1024         # bytes of one SKILL.md; a larger file is a load error, never read whole
 SKILL_CACHE_BATCH = 200             # skills per JSON text when the listing's spec cache is written (bounds its memory)
+SKILL_PARSE_SPLIT_MIN = 1000        # new SKILL.md files a listing parses in two halves at once (a fork costs ~2 ms)
 SANDBOX_TMPFS_MAX = 1024 * 1024 * 1024   # bytes of a sandbox's private HOME and /tmp each (tmpfs: memory, used only as filled)
 PROBE_TIMEOUT = 10                  # seconds the sandbox probe (one `true` in a sandbox) may take
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import operator
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import jsonschema as schema
+from . import jsonschema as schema, speccache
 from .changes import Change, Changes
 from .errors import SkillError
-from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX, SKILL_CACHE_BATCH
-from .sandbox import Policy, for_config, refusal
+from .limits import MCP_DESCRIPTION_MAX, MCP_SCHEMA_NODES_TOTAL, SCHEMA_NODES_MAX, SKILL_PARSE_SPLIT_MIN
+from .sandbox import for_config, refusal
 from .skills import NAME_RE, McpServer, McpTool, Skill, _clip, read_skill
 
 log = logging.getLogger(__name__)
@@ -136,28 +136,25 @@ class Registry:
         if seen == self._seen and self.generation:
             return False
         first = not self.generation
-        cached = _read_cache(self._cache) if self._cache else {}
-        fresh = False
+        cached = speccache.read(self._cache) if self._cache else {}
+        todo = []
         for path, signature in seen.items():
             if self._seen.get(path) != signature:
                 hit = cached.get(path)
                 if hit is not None and hit[0] == signature:
                     self._parsed[path] = hit[1]
-                    continue
-                name, real_root = self._dirs[path]
-                try:
-                    self._parsed[path] = read_skill(path, name, signature[0], self._lazy,
-                                                    f"{real_root}/{name}" if real_root is not None else None)
-                except SkillError as exc:
-                    self._parsed[path] = exc
-                fresh = fresh or not isinstance(self._parsed[path], McpServer)   # servers are not cached
+                else:
+                    todo.append(path)
+        parsed, encoded = self._parse(todo, seen)
+        self._parsed.update(parsed)
+        fresh = any(not isinstance(outcome, McpServer) for outcome in parsed.values())   # servers are not cached
         for gone in set(self._parsed) - set(seen):
             del self._parsed[gone]
             self._good.pop(gone, None)
         self._seen = seen
         cacheable = sum(not isinstance(outcome, McpServer) for outcome in self._parsed.values())
         if self._cache and (fresh or len(cached) != cacheable):
-            _write_cache(self._cache, {path: (seen[path], self._parsed[path]) for path in seen})
+            speccache.write(self._cache, {path: (seen[path], self._parsed[path]) for path in seen}, encoded)
         problems: list[str] = []
         system: dict[str, Skill] = {}
         user: dict[str, Skill] = {}
@@ -198,6 +195,22 @@ class Registry:
             self._sorted = None
         return changed
 
+    def _parse(self, paths: list[str], seen: dict[str, tuple]) -> tuple[dict, speccache.Encoded | None]:
+        """The outcome of each SKILL.md of `paths` (for a listing of thousands on two CPUs, in two parts at once),
+        and those already encoded for the cache (speccache.parse_split)."""
+        def parse(path: str) -> Skill | McpServer | SkillError:
+            name, real_root = self._dirs[path]
+            try:
+                return read_skill(path, name, seen[path][0], self._lazy,
+                                  f"{real_root}/{name}" if real_root is not None else None)
+            except SkillError as exc:
+                return exc
+        # Only a listing forks, only with a CPU to spare, and never beside another thread (which may hold a lock).
+        if (self._lazy and len(paths) >= SKILL_PARSE_SPLIT_MIN and len(os.sched_getaffinity(0)) > 1
+                and threading.active_count() == 1):
+            return speccache.parse_split(paths, seen, parse)
+        return {path: parse(path) for path in paths}, None
+
     def _listing(self, server: McpServer) -> Listing | None:
         """The server's tools as skills: its last listing in this process when the spec is the same, else the
         cached list (its compiled schemas reused), else None."""
@@ -223,61 +236,6 @@ class Registry:
         """Problems found by a reload since the first load and not yet handed out (to tell the owner once)."""
         lines, self._unreported = self._unreported, []
         return lines
-
-
-CACHE_VERSION = 5       # 2: the ## Sandbox policy; 3: Skill.kind; 4: Skill.trusted; 5: a spec as a list
-# A cached spec: these fields of its Skill in this order, then env, directory and sandbox as JSON values.
-_CACHED_FIELDS = ("name", "title", "description", "risk", "parameters", "execute", "timeout", "source",
-                  "parameters_line", "kind", "builtin", "trusted")
-_cached_values = operator.attrgetter(*_CACHED_FIELDS)
-
-
-def _read_cache(file: Path) -> dict[str, tuple[tuple, Skill | SkillError]]:
-    """The parsed specs cached by `_write_cache`; empty when missing, stale in format or damaged."""
-    try:
-        data = json.loads(file.read_bytes())
-        if data.get("version") != CACHE_VERSION:
-            return {}
-        out = {}
-        for path, (signature, spec, *problems) in data["entries"].items():
-            if spec is None:
-                outcome = SkillError([str(p) for p in problems[0]])
-            else:
-                *values, env, directory, sandbox = spec
-                fields = dict(zip(_CACHED_FIELDS, values, strict=True))
-                outcome = Skill(**fields, env=tuple(env), directory=directory,
-                                validator=schema.compile_later(fields["parameters"]), sandbox=Policy.from_lines(sandbox))
-            out[path] = (tuple(signature), outcome)
-        return out
-    except Exception:  # noqa: BLE001 - a cache that cannot be read is only slower, never wrong
-        return {}
-
-
-def _write_cache(file: Path, entries: dict) -> None:
-    """Cache every parse outcome by its file's stat signature (written whole, then renamed into place):
-    path -> [signature, spec] for a skill, [signature, null, problems] for one that did not load."""
-    out = []
-    for path, (signature, outcome) in entries.items():
-        if isinstance(outcome, McpServer):        # parsed again each time: its tools are cached apart
-            continue
-        if isinstance(outcome, SkillError):
-            out.append((path, [signature, None, outcome.problems]))
-        else:
-            out.append((path, [signature, [*_cached_values(outcome), outcome.env, outcome.directory,
-                                           outcome.sandbox.lines()]]))
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_name(f".{file.name}.{os.getpid()}")
-        with open(temporary, "wb") as f:
-            f.write(b'{"version": %d, "entries": {' % CACHE_VERSION)
-            # In batches (thousands of specs as one text cost more in memory than in writing); ASCII: CJK escaped.
-            for start in range(0, len(out), SKILL_CACHE_BATCH):
-                batch = json.dumps(dict(out[start:start + SKILL_CACHE_BATCH]), check_circular=False)[1:-1]
-                f.write((", " + batch if start else batch).encode("ascii"))
-            f.write(b"}}")
-        os.replace(temporary, file)
-    except OSError as exc:
-        log.debug("skill cache %s not written: %s", file, exc)
 
 
 def _merge(system: dict[str, Skill], user: dict[str, Skill], allow_risk_downgrade) -> tuple[dict[str, Skill], list[str]]:

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "ias.store", "ias.auditchain", "ias.audit", "ias.unwritten", "ias.monitor", "ias.pgcluster", "ias.config",
         "ias.notifiers", "ias.sdk", "ias.llm", "ias.processes", "ias.service", "ias.datadir", "ias.inbox"})),
     ("skills", frozenset({              # skills: parsed, sandboxed, run, approved, scheduled
-        "ias.sandbox", "ias.skills", "ias.changes", "ias.registry", "ias.outcome", "ias.runner", "ias.mcp",
+        "ias.sandbox", "ias.skills", "ias.speccache", "ias.changes", "ias.registry", "ias.outcome", "ias.runner", "ias.mcp",
         "ias.handlers", "ias.results", "ias.scheduler", "ias.confirmation", "ias.grants", "ias.approval", "ias.memory",
         "ias.outgoing"})),
     ("channels", frozenset({"ias.channels"})),
