@@ -129,18 +129,19 @@ TOKEN_GROUPS = 8
 TIMEOUT_RE = re.compile(r"^([0-9]{1,6})\s*(s|秒|seconds?)?$", re.IGNORECASE)
 
 
-# A fenced code block of a section. Both are built thousands of times by a large listing: a named tuple and a
-# plain class cost half of what frozen dataclasses do.
+# A section's fenced code block, and a `##` section. A large listing builds thousands of each: a named tuple
+# and a plain class cost half of what frozen dataclasses do.
 _Block = namedtuple("_Block", ("lang", "text", "line"))     # line: the number of its first content line
 
 
 class _Section:
+    """Its prose: its lines outside code fences, as (number of the first, "\n" + the lines joined)."""
     __slots__ = ("heading", "line", "prose", "blocks")
 
     def __init__(self, heading: str, line: int) -> None:
         self.heading = heading
         self.line = line
-        self.prose: list[tuple[int, str]] = []   # its lines outside code fences: (number of the first, "\n" + the lines joined)
+        self.prose: list[tuple[int, str]] = []
         self.blocks: list[_Block] = []
 
 
