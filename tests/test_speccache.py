@@ -17,6 +17,8 @@ from ias.skills import read_skill
 from tests import skillset
 from tests.support import REPO
 
+ACTIVE_COUNT = threading.active_count        # the real one (the tests pretend to be alone)
+
 MCP = """# Time server
 
 Tells the time.
@@ -58,9 +60,12 @@ class SplitTest(unittest.TestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="ias-split-"))
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.skills = tree(self.tmp / "skills")
-        low = mock.patch("ias.registry.SKILL_PARSE_SPLIT_MIN", 8)      # 41 files are plenty to split
-        low.start()
-        self.addCleanup(low.stop)
+        for patch in (mock.patch("ias.registry.SKILL_PARSE_SPLIT_MIN", 8),          # 41 files are plenty to split
+                      # as alone as a listing is (other tests of this process may have left threads behind,
+                      # none of them touching what the child does)
+                      mock.patch("ias.registry.threading.active_count", lambda: 1)):
+            patch.start()
+            self.addCleanup(patch.stop)
 
     def load(self, cache: str):
         return load_registry(REPO / "resources" / "skills", self.skills, cache=self.tmp / cache, lazy=True)
@@ -134,7 +139,8 @@ class SplitTest(unittest.TestCase):
         thread = threading.Thread(target=stop.wait)
         thread.start()
         try:
-            with mock.patch("os.fork", side_effect=AssertionError("forked beside a thread")):
+            with mock.patch("os.fork", side_effect=AssertionError("forked beside a thread")), \
+                    mock.patch("ias.registry.threading.active_count", ACTIVE_COUNT):
                 self.assertEqual(len(self.load("thread.json").problems), 4)
         finally:
             stop.set()
